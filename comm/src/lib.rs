@@ -1,0 +1,1 @@
+//! Collectives (all-reduce, broadcast, reduce-scatter, all-gather, barrier) behind one interface.

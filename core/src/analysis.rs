@@ -1,0 +1,1 @@
+//! The error-analysis table: one row per rollout, plus reward-hacking views.

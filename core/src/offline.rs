@@ -1,0 +1,1 @@
+//! Offline re-scoring: the logic behind `launcher advantages` and `launcher reward` (JSON in, JSON out).

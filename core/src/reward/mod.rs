@@ -1,0 +1,1 @@
+//! Reward functions: process-aware reward, HierR, StepTool annotators, judges, TRL-style combination.
