@@ -1,1 +1,509 @@
 //! Datasets of tasks: the seed task mix generator and the JSONL task format.
+//!
+//! The seed's mix puts tool-required tasks (`"Use the calculator to compute
+//! 17 * 24."`) next to no-tool tasks (`"Reply with exactly: hello"`) so that
+//! the policy learns *when* to call, not just how; [`MixConfig`] sets the ratio
+//! and adds multi-step tasks (two calculator calls for `(a + b) * c`, or
+//! inventory updates that need a lookup before the write). Generation is
+//! deterministic for a seed and never repeats a task.
+//!
+//! Users bring their own tasks as JSONL, one [`Task`] per line in its serde
+//! shape; [`parse_jsonl`] checks every field and names the line and field of
+//! the first problem:
+//!
+//! ```
+//! let err = rlmesh_core::dataset::parse_jsonl("{\"prompt\": \"hi\", \"requires_tool\": \"no\"}", "tasks.jsonl").unwrap_err();
+//! assert_eq!(err.to_string(), "tasks.jsonl:1: field \"requires_tool\": expected a boolean, got a string (\"no\")");
+//! ```
+//!
+//! [`split_holdout`] sets aside a held-out share that never overlaps the rest.
+use crate::task::{GoldCall, Task};
+use crate::tools::calculator::{self, CalculatorArgs, Operation};
+use crate::tools::inventory::{self, Inventory, ItemArgs, SetArgs};
+use crate::tools::schema::describe;
+use serde::Serialize;
+use serde_json::{Map, Number, Value};
+use std::collections::{HashMap, HashSet};
+use std::path::Path;
+
+/// Errors of task generation and loading.
+#[derive(Debug, thiserror::Error)]
+pub enum DatasetError {
+    /// The task file could not be read.
+    #[error("{path}: {error}")]
+    Io {
+        /// The file.
+        path: String,
+        /// The OS error.
+        error: std::io::Error,
+    },
+    /// A line of a task file is not a valid task.
+    #[error("{file}:{line}: {message}")]
+    Line {
+        /// The file (as given).
+        file: String,
+        /// 1-based line number.
+        line: usize,
+        /// The field and what was expected.
+        message: String,
+    },
+    /// The mix configuration is impossible.
+    #[error("task mix: {0}")]
+    Config(String),
+}
+
+/// How many tasks of each kind to generate.
+#[derive(Clone, Debug, PartialEq)]
+pub struct MixConfig {
+    /// Number of tasks.
+    pub size: usize,
+    /// Share of tasks that need a tool (single- and multi-step), in `[0, 1]`.
+    pub tool_fraction: f64,
+    /// Share of the tool tasks that need two or more steps, in `[0, 1]`.
+    pub multi_step_fraction: f64,
+    /// Whether multi-step tasks include inventory tasks (half of them; needs
+    /// the `inventory` environment) besides two-call calculator tasks.
+    pub inventory: bool,
+    /// Seed of the generator.
+    pub seed: u64,
+}
+
+impl Default for MixConfig {
+    fn default() -> Self {
+        MixConfig { size: 512, tool_fraction: 0.5, multi_step_fraction: 0.25, inventory: true, seed: 0 }
+    }
+}
+
+/// SplitMix64: a small, fast, well-mixed generator; deterministic everywhere.
+struct Rng(u64);
+
+impl Rng {
+    fn next_u64(&mut self) -> u64 {
+        self.0 = self.0.wrapping_add(0x9E37_79B9_7F4A_7C15);
+        let mut z = self.0;
+        z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+        z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+        z ^ (z >> 31)
+    }
+    /// Uniform in `lo..=hi`.
+    fn range(&mut self, lo: i64, hi: i64) -> i64 {
+        lo + (self.next_u64() % (hi - lo + 1) as u64) as i64
+    }
+    /// Uniform in `[0, 1)`.
+    fn unit(&mut self) -> f64 {
+        (self.next_u64() >> 11) as f64 / (1u64 << 53) as f64
+    }
+    fn chance(&mut self, p: f64) -> bool {
+        self.unit() < p
+    }
+    fn pick<'a, T>(&mut self, items: &'a [T]) -> &'a T {
+        &items[self.range(0, items.len() as i64 - 1) as usize]
+    }
+}
+
+/// What a task is made of before it gets an id.
+struct Draft {
+    prompt: String,
+    gold: Vec<Vec<GoldCall>>,
+    answer: String,
+    env_state: Option<Value>,
+}
+
+#[derive(Clone, Copy, PartialEq)]
+enum Kind {
+    NoTool,
+    Calc,
+    Calc2,
+    Inventory,
+}
+
+impl Kind {
+    fn prefix(self) -> &'static str {
+        match self {
+            Kind::NoTool => "notool",
+            Kind::Calc => "calc",
+            Kind::Calc2 => "calc2",
+            Kind::Inventory => "inv",
+        }
+    }
+}
+
+/// Generates the task mix: exactly `round(size·tool_fraction)` tool tasks, of
+/// which `round(·multi_step_fraction)` multi-step, in a seeded random order,
+/// with no two tasks alike. Ids are `<kind>-<position>`.
+pub fn generate(cfg: &MixConfig) -> Result<Vec<Task>, DatasetError> {
+    for (name, v) in [("tool_fraction", cfg.tool_fraction), ("multi_step_fraction", cfg.multi_step_fraction)] {
+        if !(0.0..=1.0).contains(&v) {
+            return Err(DatasetError::Config(format!("{name} must be in [0, 1], got {v}")));
+        }
+    }
+    let n_tool = (cfg.size as f64 * cfg.tool_fraction).round() as usize;
+    let n_multi = (n_tool as f64 * cfg.multi_step_fraction).round() as usize;
+    let n_inv = if cfg.inventory { n_multi / 2 } else { 0 };
+    let counts = [
+        (Kind::NoTool, cfg.size - n_tool),
+        (Kind::Calc, n_tool - n_multi),
+        (Kind::Calc2, n_multi - n_inv),
+        (Kind::Inventory, n_inv),
+    ];
+    let mut rng = Rng(cfg.seed);
+    let mut seen = HashSet::new();
+    let mut tasks = Vec::with_capacity(cfg.size);
+    for (kind, count) in counts {
+        for _ in 0..count {
+            let task = (0..1000)
+                .map(|_| make_task(kind, draft(kind, &mut rng)))
+                .find(|t| seen.insert(task_key(t)))
+                .ok_or_else(|| {
+                    DatasetError::Config(format!("cannot find {count} distinct {} tasks; lower the size", kind.prefix()))
+                })?;
+            tasks.push(task);
+        }
+    }
+    for i in (1..tasks.len()).rev() {
+        let j = rng.range(0, i as i64) as usize;
+        tasks.swap(i, j);
+    }
+    for (i, t) in tasks.iter_mut().enumerate() {
+        t.id = format!("{}-{i:05}", t.id);
+    }
+    Ok(tasks)
+}
+
+fn make_task(kind: Kind, d: Draft) -> Task {
+    let allowed_tools = match kind {
+        Kind::NoTool => vec![],
+        Kind::Calc | Kind::Calc2 => vec![calculator::NAME.to_string()],
+        Kind::Inventory => ["list_items", "get_stock", "set_stock"].map(String::from).to_vec(),
+    };
+    Task {
+        id: kind.prefix().to_string(),
+        prompt: d.prompt,
+        requires_tool: kind != Kind::NoTool,
+        allowed_tools,
+        gold_tool_calls: d.gold,
+        expected_answer: Some(d.answer),
+        environment: (kind == Kind::Inventory).then(|| inventory::NAME.to_string()),
+        env_state: d.env_state,
+    }
+}
+
+/// What makes two tasks the same: prompt and environment state.
+fn task_key(t: &Task) -> String {
+    match &t.env_state {
+        Some(s) => format!("{}\u{0}{s}", t.prompt),
+        None => t.prompt.clone(),
+    }
+}
+
+fn draft(kind: Kind, rng: &mut Rng) -> Draft {
+    match kind {
+        Kind::NoTool => no_tool(rng),
+        Kind::Calc => calc(rng),
+        Kind::Calc2 => calc2(rng),
+        Kind::Inventory => inventory_task(rng),
+    }
+}
+
+const WORDS: &[&str] = &[
+    "hello", "goodbye", "yes", "no", "blue", "green", "river", "mountain", "coffee", "pencil", "window", "garden",
+    "planet", "silver", "orange", "tiger", "rocket", "paper", "music", "winter", "summer", "cloud", "bridge",
+    "candle", "forest", "island", "lemon", "violin", "harbor", "meadow",
+];
+
+fn no_tool(rng: &mut Rng) -> Draft {
+    let w = *rng.pick(WORDS);
+    let (prompt, answer) = match rng.range(0, 5) {
+        0 => (format!("Reply with exactly: {w}"), w.to_string()),
+        1 => {
+            let words: Vec<&str> = (0..rng.range(2, 3)).map(|_| *rng.pick(WORDS)).collect();
+            let phrase = words.join(" ");
+            (format!("Reply with exactly: {phrase}"), phrase)
+        }
+        2 => (format!("Repeat this word back to me and nothing else: {w}"), w.to_string()),
+        3 => (format!("Write the word \"{w}\" in capital letters, nothing else."), w.to_uppercase()),
+        4 => (format!("What is the first letter of the word \"{w}\"? Reply with the letter only."), w[..1].to_string()),
+        _ => (format!("Spell the word \"{w}\" backwards. Reply with the reversed word only."), w.chars().rev().collect()),
+    };
+    Draft { prompt, gold: vec![], answer, env_state: None }
+}
+
+fn gold(name: &str, args: impl Serialize) -> GoldCall {
+    let arguments = serde_json::to_value(args).unwrap_or_else(|e| unreachable!("argument structs serialise: {e}"));
+    GoldCall { name: name.to_string(), arguments }
+}
+
+fn calc_call(op: Operation, a: &Number, b: &Number) -> (GoldCall, String) {
+    let result = calculator::calculate(op, a, b).unwrap_or_else(|e| unreachable!("generated operands are valid: {e}"));
+    (gold(calculator::NAME, CalculatorArgs { operation: op, a: a.clone(), b: b.clone() }), result)
+}
+
+/// An operand: an integer in `lo..=hi`, or (with probability `p_decimal`) a number with one decimal.
+fn operand(rng: &mut Rng, lo: i64, hi: i64, p_decimal: f64) -> Number {
+    if rng.chance(p_decimal) {
+        let tenths = rng.range(lo * 10, hi * 10) / 10 * 10 + rng.range(1, 9);
+        Number::from_f64(tenths as f64 / 10.0).unwrap_or_else(|| unreachable!("finite"))
+    } else {
+        Number::from(rng.range(lo, hi))
+    }
+}
+
+fn calc(rng: &mut Rng) -> Draft {
+    let op = *rng.pick(Operation::ALL);
+    let (a, b) = match op {
+        Operation::Add | Operation::Subtract | Operation::Multiply => (operand(rng, 2, 999, 0.2), operand(rng, 2, 999, 0.2)),
+        Operation::Divide if rng.chance(0.7) => {
+            let (b, q) = (rng.range(2, 50), rng.range(2, 99));
+            (Number::from(b * q), Number::from(b))
+        }
+        Operation::Divide => (operand(rng, 1, 999, 0.2), Number::from(rng.range(2, 99))),
+        Operation::Power => (Number::from(rng.range(2, 12)), Number::from(rng.range(2, 4))),
+    };
+    let s = op.symbol();
+    let prompt = match rng.range(0, 3) {
+        0 => format!("Use the calculator to compute {a} {s} {b}."),
+        1 => format!("What is {a} {s} {b}? Use the calculator tool."),
+        2 => format!("Calculate {a} {s} {b} using the calculator."),
+        _ => match op {
+            Operation::Add => format!("Use the calculator to add {a} and {b}."),
+            Operation::Subtract => format!("Use the calculator to subtract {b} from {a}."),
+            Operation::Multiply => format!("Use the calculator to multiply {a} by {b}."),
+            Operation::Divide => format!("Use the calculator to divide {a} by {b}."),
+            Operation::Power => format!("Use the calculator to raise {a} to the power of {b}."),
+        },
+    };
+    let (call, answer) = calc_call(op, &a, &b);
+    Draft { prompt, gold: vec![vec![call]], answer, env_state: None }
+}
+
+fn calc2(rng: &mut Rng) -> Draft {
+    let ops = [Operation::Add, Operation::Subtract, Operation::Multiply];
+    let (op1, op2) = (*rng.pick(&ops), *rng.pick(&ops));
+    let (a, b, c) = (Number::from(rng.range(2, 99)), Number::from(rng.range(2, 99)), Number::from(rng.range(2, 99)));
+    let (first, r1) = calc_call(op1, &a, &b);
+    let r1_num = Number::from(r1.parse::<i64>().unwrap_or_else(|e| unreachable!("integer ops give integers: {e}")));
+    let (second, answer) = calc_call(op2, &r1_num, &c);
+    let (s1, s2) = (op1.symbol(), op2.symbol());
+    let prompt = if rng.chance(0.5) {
+        format!("Use the calculator to compute ({a} {s1} {b}) {s2} {c}.")
+    } else {
+        format!("Compute ({a} {s1} {b}) {s2} {c} step by step with the calculator, one operation per call.")
+    };
+    Draft { prompt, gold: vec![vec![first], vec![second]], answer, env_state: None }
+}
+
+const ITEMS: &[&str] = &["apples", "bananas", "cherries", "dates", "eggs", "flour", "grapes", "honey", "lemons", "mangoes"];
+
+fn inventory_task(rng: &mut Rng) -> Draft {
+    let mut items: Vec<&str> = Vec::new();
+    while items.len() < 3 {
+        let it = *rng.pick(ITEMS);
+        if !items.contains(&it) {
+            items.push(it);
+        }
+    }
+    let stock: Vec<(&str, i64)> = items.iter().map(|&i| (i, rng.range(0, 60))).collect();
+    let get = |item: &str| gold("get_stock", ItemArgs { item: item.to_string() });
+    let set = |item: &str, quantity: i64| gold("set_stock", SetArgs { item: item.to_string(), quantity });
+    let (x, sx) = stock[0];
+    let (prompt, gold_calls, target, total) = match rng.range(0, 2) {
+        0 => {
+            let n = rng.range(2, 30);
+            let p = format!("We just received {n} more {x}. Check the current stock of {x}, update it to the new total, and reply with the new total.");
+            (p, vec![vec![get(x)], vec![set(x, sx + n)]], x, sx + n)
+        }
+        1 if sx > 0 => {
+            let n = rng.range(1, sx);
+            let p = format!("We sold {n} {x} today. Check the current stock of {x}, update it to what is left, and reply with the new stock.");
+            (p, vec![vec![get(x)], vec![set(x, sx - n)]], x, sx - n)
+        }
+        _ => {
+            let ((y, sy), (z, _)) = (stock[1], stock[2]);
+            let p = format!("Set the stock of {z} to the combined stock of {x} and {y}, then reply with the new stock of {z}.");
+            (p, vec![vec![get(x), get(y)], vec![set(z, sx + sy)]], z, sx + sy)
+        }
+    };
+    Draft {
+        prompt,
+        gold: gold_calls,
+        answer: total.to_string(),
+        env_state: Some(Inventory::state(&stock, &[(target, total)])),
+    }
+}
+
+/// Splits tasks into (train, held-out): a task is held out when a seeded hash
+/// of its prompt and environment state falls in the `fraction` share, so equal
+/// tasks always land on the same side and the sides never overlap.
+pub fn split_holdout(tasks: Vec<Task>, fraction: f64, seed: u64) -> (Vec<Task>, Vec<Task>) {
+    tasks.into_iter().partition(|t| {
+        let mut h: u64 = 0xCBF2_9CE4_8422_2325 ^ seed;
+        for b in task_key(t).bytes() {
+            h = (h ^ b as u64).wrapping_mul(0x0000_0100_0000_01B3);
+        }
+        Rng(h).unit() >= fraction
+    })
+}
+
+/// Checks a task's grading data; the error names the field.
+pub fn validate_task(t: &Task) -> Result<(), String> {
+    if t.prompt.trim().is_empty() {
+        return Err("field \"prompt\": must not be empty".into());
+    }
+    if t.env_state.is_some() && t.environment.is_none() {
+        return Err("field \"env_state\": given without \"environment\"".into());
+    }
+    if !t.requires_tool {
+        if !t.gold_tool_calls.is_empty() {
+            return Err("field \"gold_tool_calls\": a task with \"requires_tool\": false must not expect calls".into());
+        }
+        return Ok(());
+    }
+    if t.allowed_tools.is_empty() {
+        return Err("field \"allowed_tools\": a task with \"requires_tool\": true needs at least one allowed tool".into());
+    }
+    if t.gold_tool_calls.is_empty() {
+        return Err("field \"gold_tool_calls\": a task with \"requires_tool\": true needs its expected calls (a list of steps)".into());
+    }
+    for (i, step) in t.gold_tool_calls.iter().enumerate() {
+        if step.is_empty() {
+            return Err(format!("field \"gold_tool_calls\"[{i}]: a step needs at least one call"));
+        }
+        for (j, call) in step.iter().enumerate() {
+            if !t.allowed_tools.contains(&call.name) {
+                return Err(format!("field \"gold_tool_calls\"[{i}][{j}].name: \"{}\" is not in \"allowed_tools\"", call.name));
+            }
+        }
+    }
+    Ok(())
+}
+
+const FIELDS: &[&str] =
+    &["id", "prompt", "requires_tool", "allowed_tools", "gold_tool_calls", "expected_answer", "environment", "env_state"];
+
+/// Checks the JSON types of a task line's fields.
+fn check_fields(obj: &Map<String, Value>) -> Result<(), String> {
+    let expected = |field: &str, what: &str, v: &Value| format!("field \"{field}\": expected {what}, got {}", describe(v));
+    for required in ["prompt", "requires_tool"] {
+        if !obj.contains_key(required) {
+            return Err(format!("missing field \"{required}\""));
+        }
+    }
+    for (k, v) in obj {
+        match k.as_str() {
+            "id" | "prompt" if !v.is_string() => return Err(expected(k, "a string", v)),
+            "expected_answer" | "environment" if !(v.is_string() || v.is_null()) => {
+                return Err(expected(k, "a string or null", v))
+            }
+            "requires_tool" if !v.is_boolean() => return Err(expected(k, "a boolean", v)),
+            "allowed_tools" => {
+                let list = v.as_array().ok_or_else(|| expected(k, "a list of tool names", v))?;
+                if let Some((i, bad)) = list.iter().enumerate().find(|(_, x)| !x.is_string()) {
+                    return Err(format!("field \"allowed_tools\"[{i}]: expected a string, got {}", describe(bad)));
+                }
+            }
+            "gold_tool_calls" => {
+                let steps = v.as_array().ok_or_else(|| expected(k, "a list of steps (lists of calls)", v))?;
+                for (i, step) in steps.iter().enumerate() {
+                    let calls = step.as_array().ok_or_else(|| {
+                        format!("field \"gold_tool_calls\"[{i}]: expected a list of calls, got {}", describe(step))
+                    })?;
+                    for (j, call) in calls.iter().enumerate() {
+                        let at = format!("field \"gold_tool_calls\"[{i}][{j}]");
+                        let c = call.as_object().ok_or_else(|| {
+                            format!("{at}: expected an object {{\"name\", \"arguments\"}}, got {}", describe(call))
+                        })?;
+                        match c.get("name") {
+                            Some(Value::String(_)) => {}
+                            Some(n) => return Err(format!("{at}.name: expected a string, got {}", describe(n))),
+                            None => return Err(format!("{at}: missing \"name\"")),
+                        }
+                        if let Some(a) = c.get("arguments").filter(|a| !a.is_object()) {
+                            return Err(format!("{at}.arguments: expected an object, got {}", describe(a)));
+                        }
+                        if let Some(extra) = c.keys().find(|k| *k != "name" && *k != "arguments") {
+                            return Err(format!("{at}: unknown field \"{extra}\" (expected: name, arguments)"));
+                        }
+                    }
+                }
+            }
+            other if !FIELDS.contains(&other) => {
+                return Err(format!("unknown field \"{other}\" (expected one of: {})", FIELDS.join(", ")))
+            }
+            _ => {}
+        }
+    }
+    Ok(())
+}
+
+/// Parses JSONL task text (`file` names it in errors). Blank lines are
+/// skipped; a missing `id` becomes `<file stem>-<line>`; ids must be unique;
+/// every task passes [`validate_task`].
+pub fn parse_jsonl(text: &str, file: &str) -> Result<Vec<Task>, DatasetError> {
+    let stem = Path::new(file).file_stem().map(|s| s.to_string_lossy().into_owned()).unwrap_or_default();
+    let mut ids: HashMap<String, usize> = HashMap::new();
+    let mut tasks = Vec::new();
+    for (i, line) in text.lines().enumerate() {
+        let n = i + 1;
+        let err = |message: String| DatasetError::Line { file: file.to_string(), line: n, message };
+        if line.trim().is_empty() {
+            continue;
+        }
+        let obj = match serde_json::from_str::<Value>(line) {
+            Ok(Value::Object(obj)) => obj,
+            Ok(other) => return Err(err(format!("expected a JSON object (one task per line), got {}", describe(&other)))),
+            Err(e) => return Err(err(format!("invalid JSON: {e}"))),
+        };
+        check_fields(&obj).map_err(err)?;
+        let mut task: Task = serde_json::from_value(Value::Object(obj)).map_err(|e| err(e.to_string()))?;
+        if task.id.is_empty() {
+            task.id = format!("{stem}-{n}");
+        }
+        if let Some(first) = ids.insert(task.id.clone(), n) {
+            return Err(err(format!("field \"id\": \"{}\" is already used on line {first}", task.id)));
+        }
+        validate_task(&task).map_err(err)?;
+        tasks.push(task);
+    }
+    Ok(tasks)
+}
+
+/// Reads and parses a JSONL task file (see [`parse_jsonl`]).
+pub fn load_jsonl(path: &Path) -> Result<Vec<Task>, DatasetError> {
+    let name = path.display().to_string();
+    let text = std::fs::read_to_string(path).map_err(|error| DatasetError::Io { path: name.clone(), error })?;
+    parse_jsonl(&text, &name)
+}
+
+/// Writes tasks as JSONL, one per line (what [`parse_jsonl`] reads back).
+pub fn to_jsonl(tasks: &[Task]) -> String {
+    tasks
+        .iter()
+        .map(|t| serde_json::to_string(t).unwrap_or_else(|e| unreachable!("tasks serialise to JSON: {e}")) + "\n")
+        .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn splitmix64_matches_the_reference_sequence() {
+        // First outputs of SplitMix64 seeded with 1234567 (Vigna's reference implementation).
+        let mut r = Rng(1234567);
+        assert_eq!(r.next_u64(), 6457827717110365317);
+        assert_eq!(r.next_u64(), 3203168211198807973);
+    }
+
+    #[test]
+    fn operands_with_decimals_have_one_decimal_place() {
+        let mut r = Rng(3);
+        for _ in 0..200 {
+            let n = operand(&mut r, 2, 999, 1.0);
+            let s = n.to_string();
+            let (int, frac) = s.split_once('.').unwrap();
+            assert!((2..=999).contains(&int.parse::<i64>().unwrap()), "{s}");
+            assert_eq!(frac.len(), 1, "{s}");
+            assert_ne!(frac, "0", "{s}");
+        }
+    }
+}

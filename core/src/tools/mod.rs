@@ -1,1 +1,36 @@
 //! Tools: schemas, the calculator, stateful environments, execution, and the `<tool_call>` parser.
+//!
+//! A rollout drives tools through a [`ToolSession`] opened on its task by the
+//! run's [`ToolRegistry`]:
+//!
+//! 1. `registry.session(&task)` — a fresh environment instance (if the task
+//!    names one), reset on the task; `session.observation()` goes after the
+//!    prompt and `session.schemas()` into the chat template's `tools=`.
+//! 2. After each assistant turn: `let turn = session.parse(&text)` splits the
+//!    text into content and `<tool_call>` blocks ([`parse`]);
+//!    `turn.message()` is the assistant message, `turn.format_errors()` the
+//!    malformed blocks.
+//! 3. `session.execute(turn_index, &turn.calls)` runs every block in order
+//!    under the [`ExecLimits`] and returns one [`Step`](crate::Step) per
+//!    block; each step's `result` is the content of its `tool` message
+//!    (`{"error": "…"}` when it failed).
+//! 4. At the end, `session.reward()` is the environment's own grade.
+//!
+//! Tools are typed: an argument struct made with [`tool_args!`](crate::tool_args)
+//! yields the parameter schema transformers' `get_json_schema` would produce
+//! for the equivalent Python function ([`schema`]).
+pub mod calculator;
+pub mod environment;
+pub mod execute;
+pub mod inventory;
+pub mod parse;
+pub mod registry;
+pub mod schema;
+pub mod tool;
+
+pub use environment::{Environment, Method};
+pub use execute::ExecLimits;
+pub use parse::{parse_turn, ParsedCall, ParsedTurn};
+pub use registry::{RegistryError, ToolRegistry, ToolSession};
+pub use schema::{SchemaType, ToolArgs};
+pub use tool::{CallError, Tool, ToolError, ToolSpec};
