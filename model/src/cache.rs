@@ -1,0 +1,64 @@
+//! A preallocated key/value cache: one `[B, kv_heads, capacity, head_dim]`
+//! buffer per layer, filled in place (no concatenation per step).
+use tch::{Device, Kind, Tensor};
+
+/// Keys and values of every layer for a batch of sequences.
+pub struct KvCache {
+    keys: Vec<Tensor>,
+    values: Vec<Tensor>,
+    len: usize,
+    capacity: usize,
+}
+
+impl KvCache {
+    /// Allocate a cache of `capacity` slots for `batch` sequences.
+    pub fn new(layers: usize, batch: i64, kv_heads: i64, capacity: usize, head_dim: i64, kind: Kind, device: Device) -> Self {
+        let shape = [batch, kv_heads, capacity as i64, head_dim];
+        KvCache {
+            keys: (0..layers).map(|_| Tensor::zeros(shape, (kind, device))).collect(),
+            values: (0..layers).map(|_| Tensor::zeros(shape, (kind, device))).collect(),
+            len: 0,
+            capacity,
+        }
+    }
+
+    /// Slots filled so far.
+    pub fn len(&self) -> usize {
+        self.len
+    }
+
+    /// True when no slot is filled.
+    pub fn is_empty(&self) -> bool {
+        self.len == 0
+    }
+
+    /// Total slots.
+    pub fn capacity(&self) -> usize {
+        self.capacity
+    }
+
+    /// Write `k`, `v` (`[B, kv, t, hd]`) at slot `start` of `layer` and return the filled prefix views.
+    pub(crate) fn append(&mut self, layer: usize, start: usize, k: &Tensor, v: &Tensor) -> (Tensor, Tensor) {
+        let t = k.size()[2];
+        let (start, end) = (start as i64, start as i64 + t);
+        self.keys[layer].narrow(2, start, t).copy_(k);
+        self.values[layer].narrow(2, start, t).copy_(v);
+        (self.keys[layer].narrow(2, 0, end), self.values[layer].narrow(2, 0, end))
+    }
+
+    /// Mark `t` more slots as filled (after every layer appended).
+    pub(crate) fn advance(&mut self, t: i64) {
+        self.len += t as usize;
+    }
+
+    /// Reorder / repeat rows: row i of the result is row `index[i]` of this cache
+    /// (shares a prompt's prefill across the G samples of a group).
+    pub fn select_rows(&self, index: &Tensor) -> KvCache {
+        KvCache {
+            keys: self.keys.iter().map(|k| k.index_select(0, index)).collect(),
+            values: self.values.iter().map(|v| v.index_select(0, index)).collect(),
+            len: self.len,
+            capacity: self.capacity,
+        }
+    }
+}

@@ -1,0 +1,216 @@
+//! The generation engine: batched decoding with a preallocated KV cache.
+//!
+//! Prompts are left-padded into one batch; identical prompts (the G samples of
+//! a group) are prefilled once and their cache rows shared. Sampling happens on
+//! the tensor side (temperature, top-k, top-p, seeded), and the log-prob of
+//! every sampled token under the temperature-scaled distribution (the one the
+//! learner recomputes) is recorded. Generation continues from any token prefix:
+//! a caller that appends tool results simply passes the longer prefix.
+use crate::cache::KvCache;
+use crate::error::{ModelError, Result};
+use crate::tokenizer::Tokenizer;
+use crate::transformer::{causal_mask, positions_from_valid, Batch, Transformer};
+use serde::{Deserialize, Serialize};
+use std::collections::HashMap;
+use tch::{Device, Kind, Tensor};
+
+/// How to pick tokens and when to stop.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(default)]
+pub struct SamplingParams {
+    /// Most tokens generated per sequence.
+    pub max_new_tokens: usize,
+    /// Softmax temperature; 0 means greedy.
+    pub temperature: f64,
+    /// Nucleus mass kept (1.0 = off).
+    pub top_p: f64,
+    /// Most likely tokens kept (0 = off).
+    pub top_k: i64,
+    /// Seed of the sampler.
+    pub seed: u64,
+    /// Token ids that end a sequence (kept in the output).
+    pub stop_token_ids: Vec<u32>,
+    /// Strings that end a sequence once the decoded output contains them.
+    pub stop_strings: Vec<String>,
+}
+
+impl Default for SamplingParams {
+    fn default() -> Self {
+        SamplingParams { max_new_tokens: 128, temperature: 1.0, top_p: 1.0, top_k: 0, seed: 0, stop_token_ids: vec![], stop_strings: vec![] }
+    }
+}
+
+/// Why a sequence stopped.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum FinishReason {
+    /// A stop token was generated.
+    StopToken,
+    /// A stop string appeared.
+    StopString,
+    /// `max_new_tokens` (or the context limit) was reached.
+    Length,
+}
+
+/// One generated continuation.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Completion {
+    /// New token ids (the stop token included).
+    pub tokens: Vec<u32>,
+    /// Log-prob of each new token under the sampling distribution (before top-k/top-p truncation).
+    pub logprobs: Vec<f32>,
+    /// Why it stopped.
+    pub finish: FinishReason,
+}
+
+impl Transformer {
+    /// Generate a continuation of every prompt (a token prefix) in one batch.
+    pub fn generate(&self, prompts: &[Vec<u32>], params: &SamplingParams, tokenizer: Option<&Tokenizer>) -> Result<Vec<Completion>> {
+        if prompts.is_empty() {
+            return Ok(vec![]);
+        }
+        for (i, p) in prompts.iter().enumerate() {
+            if p.is_empty() {
+                return Err(ModelError::Input(format!("prompt {i} is empty")));
+            }
+            self.check_ids(p)?;
+        }
+        if !params.stop_strings.is_empty() && tokenizer.is_none() {
+            return Err(ModelError::Input("stop strings need a tokenizer".into()));
+        }
+        if params.temperature < 0.0 || !(0.0..=1.0).contains(&params.top_p) || params.top_p == 0.0 {
+            return Err(ModelError::Input(format!("bad sampling parameters: temperature {} top_p {}", params.temperature, params.top_p)));
+        }
+        let device = self.device();
+        let b = prompts.len();
+        let longest = prompts.iter().map(Vec::len).max().unwrap_or(0);
+        let limit = self.config.max_position_embeddings as usize;
+        if longest >= limit {
+            return Err(ModelError::Input(format!("prompt of {longest} tokens does not fit the context of {limit}")));
+        }
+        let max_new = params.max_new_tokens.min(limit - longest);
+        let mut results: Vec<Completion> =
+            prompts.iter().map(|_| Completion { tokens: vec![], logprobs: vec![], finish: FinishReason::Length }).collect();
+        if max_new == 0 {
+            return Ok(results);
+        }
+        tch::manual_seed(params.seed as i64);
+        tch::no_grad(|| -> Result<()> {
+            // Prefill each distinct prompt once, then share its cache rows.
+            let mut unique: Vec<&Vec<u32>> = vec![];
+            let mut first: HashMap<&Vec<u32>, i64> = HashMap::new();
+            let row_of: Vec<i64> = prompts
+                .iter()
+                .map(|p| {
+                    *first.entry(p).or_insert_with(|| {
+                        unique.push(p);
+                        unique.len() as i64 - 1
+                    })
+                })
+                .collect();
+            let (ids, valid) = left_pad(&unique, longest, device);
+            let c = &self.config;
+            let mut cache =
+                KvCache::new(c.num_layers as usize, unique.len() as i64, c.num_kv_heads, longest + max_new, c.head_dim, self.kind(), device);
+            let batch = Batch { ids: ids.shallow_clone(), positions: positions_from_valid(&valid), mask: causal_mask(&valid) };
+            let hidden = self.hidden_states(&batch, Some(&mut cache))?;
+            let logits_u = hidden.narrow(1, longest as i64 - 1, 1).squeeze_dim(1).linear::<Tensor>(self.lm_head(), None);
+            let (mut cache, mut logits, mut valid, mut positions) = if unique.len() == b {
+                let last = positions_from_valid(&valid).narrow(1, longest as i64 - 1, 1);
+                (cache, logits_u, valid, last)
+            } else {
+                let index = Tensor::from_slice(&row_of).to_device(device);
+                let v = valid.index_select(0, &index);
+                let last = positions_from_valid(&v).narrow(1, longest as i64 - 1, 1);
+                (cache.select_rows(&index), logits_u.index_select(0, &index), v, last)
+            };
+            let mut done = vec![false; b];
+            let stop_ids: Vec<u32> = params.stop_token_ids.clone();
+            for step in 0..max_new {
+                let (next, logp) = sample(&logits, params)?;
+                let next_host = Vec::<i64>::try_from(&next)?;
+                let logp_host = Vec::<f32>::try_from(&logp)?;
+                for i in 0..b {
+                    if done[i] {
+                        continue;
+                    }
+                    let tok = next_host[i] as u32;
+                    let r = &mut results[i];
+                    r.tokens.push(tok);
+                    r.logprobs.push(logp_host[i]);
+                    if stop_ids.contains(&tok) {
+                        r.finish = FinishReason::StopToken;
+                        done[i] = true;
+                    } else if let (Some(tk), false) = (tokenizer, params.stop_strings.is_empty()) {
+                        let text = tk.decode(&r.tokens, false)?;
+                        if params.stop_strings.iter().any(|s| text.contains(s.as_str())) {
+                            r.finish = FinishReason::StopString;
+                            done[i] = true;
+                        }
+                    }
+                }
+                if step + 1 == max_new || done.iter().all(|&d| d) {
+                    break;
+                }
+                // Feed the sampled tokens; finished rows keep decoding into masked slots.
+                let alive = Tensor::from_slice(&done.iter().map(|d| !d).collect::<Vec<bool>>()).to_device(device);
+                valid = Tensor::cat(&[&valid, &alive.unsqueeze(1)], 1);
+                positions = &positions + 1;
+                let s = valid.size()[1];
+                let mask = valid.unsqueeze(1).unsqueeze(1).logical_or(
+                    &Tensor::zeros([b as i64, 1, 1, s], (Kind::Bool, device)).index_fill(3, &Tensor::from(s - 1).to_device(device), 1),
+                );
+                let batch = Batch { ids: next.unsqueeze(1), positions: positions.shallow_clone(), mask };
+                logits = self.forward(&batch, Some(&mut cache))?.squeeze_dim(1);
+            }
+            Ok(())
+        })?;
+        Ok(results)
+    }
+}
+
+fn left_pad(prompts: &[&Vec<u32>], width: usize, device: Device) -> (Tensor, Tensor) {
+    let mut ids = vec![0i64; prompts.len() * width];
+    let mut valid = vec![false; prompts.len() * width];
+    for (i, p) in prompts.iter().enumerate() {
+        let off = width - p.len();
+        for (j, &tok) in p.iter().enumerate() {
+            ids[i * width + off + j] = tok as i64;
+            valid[i * width + off + j] = true;
+        }
+    }
+    let shape = [prompts.len() as i64, width as i64];
+    (Tensor::from_slice(&ids).view(shape).to_device(device), Tensor::from_slice(&valid).view(shape).to_device(device))
+}
+
+/// Pick the next token of every row from logits `[B, V]`; returns (tokens `[B]`, log-probs `[B]`).
+pub fn sample(logits: &Tensor, params: &SamplingParams) -> Result<(Tensor, Tensor)> {
+    let logits = logits.to_kind(Kind::Float);
+    if params.temperature == 0.0 {
+        let next = logits.argmax(-1, false);
+        let logp = logits.log_softmax(-1, Kind::Float).gather(-1, &next.unsqueeze(-1), false).squeeze_dim(-1);
+        return Ok((next, logp));
+    }
+    let scaled = logits / params.temperature;
+    let logp_all = scaled.log_softmax(-1, Kind::Float);
+    let mut filtered = scaled;
+    let vocab = filtered.size()[1];
+    if params.top_k > 0 && params.top_k < vocab {
+        let (top, _) = filtered.topk(params.top_k, -1, true, true);
+        let kth = top.narrow(1, params.top_k - 1, 1);
+        filtered = filtered.masked_fill(&filtered.lt_tensor(&kth), f64::NEG_INFINITY);
+    }
+    if params.top_p < 1.0 {
+        // As transformers' TopPLogitsWarper: drop the low tail whose mass is ≤ 1 − p, keep at least one token.
+        let (sorted, idx) = filtered.sort(-1, false);
+        let cum = sorted.softmax(-1, Kind::Float).cumsum(-1, Kind::Float);
+        let remove_sorted = cum.le(1.0 - params.top_p);
+        let remove_sorted = remove_sorted.index_fill(1, &Tensor::from(vocab - 1).to_device(filtered.device()), 0);
+        let remove = remove_sorted.scatter(1, &idx, &remove_sorted);
+        filtered = filtered.masked_fill(&remove, f64::NEG_INFINITY);
+    }
+    let probs = filtered.softmax(-1, Kind::Float);
+    let next = probs.multinomial(1, false).squeeze_dim(-1);
+    let logp = logp_all.gather(-1, &next.unsqueeze(-1), false).squeeze_dim(-1);
+    Ok((next, logp))
+}

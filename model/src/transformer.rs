@@ -1,0 +1,233 @@
+//! The decoder-only transformer (Qwen2 / Llama families), numerically matching
+//! transformers' eager PyTorch code.
+//!
+//! Parameters live in a `tch::nn::VarStore` under the Hugging Face names
+//! (`model.layers.3.self_attn.q_proj.weight`, …), so loading, saving, the
+//! optimiser and the weight digest all see the same names.
+use crate::cache::KvCache;
+use crate::config::ModelConfig;
+use crate::error::{ModelError, Result};
+use tch::{nn, Device, Kind, Tensor};
+
+struct Linear {
+    weight: Tensor,
+    bias: Option<Tensor>,
+}
+
+impl Linear {
+    fn new(p: nn::Path, in_dim: i64, out_dim: i64, bias: bool) -> Self {
+        let weight = p.var("weight", &[out_dim, in_dim], nn::Init::Randn { mean: 0.0, stdev: 0.02 });
+        let bias = bias.then(|| p.var("bias", &[out_dim], nn::Init::Const(0.0)));
+        Linear { weight, bias }
+    }
+    fn forward(&self, x: &Tensor) -> Tensor {
+        x.linear(&self.weight, self.bias.as_ref())
+    }
+}
+
+struct RmsNorm {
+    weight: Tensor,
+    eps: f64,
+}
+
+impl RmsNorm {
+    fn new(p: nn::Path, dim: i64, eps: f64) -> Self {
+        RmsNorm { weight: p.var("weight", &[dim], nn::Init::Const(1.0)), eps }
+    }
+    /// transformers' LlamaRMSNorm / Qwen2RMSNorm: statistics in float32, scale in the input dtype.
+    fn forward(&self, x: &Tensor) -> Tensor {
+        let kind = x.kind();
+        let h = x.to_kind(Kind::Float);
+        let var = h.pow_tensor_scalar(2).mean_dim(-1, true, Kind::Float);
+        let h = h * (var + self.eps).rsqrt();
+        &self.weight * h.to_kind(kind)
+    }
+}
+
+struct Layer {
+    input_norm: RmsNorm,
+    q: Linear,
+    k: Linear,
+    v: Linear,
+    o: Linear,
+    post_norm: RmsNorm,
+    gate: Linear,
+    up: Linear,
+    down: Linear,
+}
+
+/// The policy network.
+pub struct Transformer {
+    /// Hyper-parameters.
+    pub config: ModelConfig,
+    /// All trainable parameters, under their Hugging Face names.
+    pub vs: nn::VarStore,
+    embed: Tensor,
+    layers: Vec<Layer>,
+    norm: RmsNorm,
+    lm_head: Tensor,
+    inv_freq: Tensor,
+}
+
+/// Token positions and the attention mask for one forward call.
+pub struct Batch {
+    /// Token ids `[B, T]` (int64).
+    pub ids: Tensor,
+    /// Position ids `[B, T]` (int64).
+    pub positions: Tensor,
+    /// Boolean mask `[B, 1, T, S]`: query t may attend key slot s (S counts cached slots too).
+    pub mask: Tensor,
+}
+
+impl Transformer {
+    /// A model with freshly initialised weights (normal(0, 0.02), norms at 1) on `device` in `kind`.
+    pub fn new(config: ModelConfig, device: Device, kind: Kind) -> Self {
+        let mut vs = nn::VarStore::new(device);
+        let c = &config;
+        let root = vs.root();
+        let model = &root / "model";
+        let embed = (&model / "embed_tokens").var("weight", &[c.vocab_size, c.hidden_size], nn::Init::Randn { mean: 0.0, stdev: 0.02 });
+        let q_dim = c.num_heads * c.head_dim;
+        let kv_dim = c.num_kv_heads * c.head_dim;
+        let layers = (0..c.num_layers)
+            .map(|i| {
+                let p = &model / "layers" / i;
+                let attn = &p / "self_attn";
+                let mlp = &p / "mlp";
+                Layer {
+                    input_norm: RmsNorm::new(&p / "input_layernorm", c.hidden_size, c.rms_norm_eps),
+                    q: Linear::new(&attn / "q_proj", c.hidden_size, q_dim, c.qkv_bias),
+                    k: Linear::new(&attn / "k_proj", c.hidden_size, kv_dim, c.qkv_bias),
+                    v: Linear::new(&attn / "v_proj", c.hidden_size, kv_dim, c.qkv_bias),
+                    o: Linear::new(&attn / "o_proj", q_dim, c.hidden_size, c.o_bias),
+                    post_norm: RmsNorm::new(&p / "post_attention_layernorm", c.hidden_size, c.rms_norm_eps),
+                    gate: Linear::new(&mlp / "gate_proj", c.hidden_size, c.intermediate_size, c.mlp_bias),
+                    up: Linear::new(&mlp / "up_proj", c.hidden_size, c.intermediate_size, c.mlp_bias),
+                    down: Linear::new(&mlp / "down_proj", c.intermediate_size, c.hidden_size, c.mlp_bias),
+                }
+            })
+            .collect();
+        let norm = RmsNorm::new(&model / "norm", c.hidden_size, c.rms_norm_eps);
+        let lm_head = if c.tie_word_embeddings {
+            embed.shallow_clone()
+        } else {
+            (&root / "lm_head").var("weight", &[c.vocab_size, c.hidden_size], nn::Init::Randn { mean: 0.0, stdev: 0.02 })
+        };
+        // inv_freq as transformers computes it: 1 / θ^(arange(0, d, 2) / d), in float32.
+        let inv_freq = (Tensor::arange_start_step(0, c.head_dim, 2, (Kind::Int64, device)).to_kind(Kind::Float) / c.head_dim as f64)
+            .to_kind(Kind::Float);
+        let inv_freq = Tensor::from(c.rope_theta).to_kind(Kind::Float).to_device(device).pow(&inv_freq).reciprocal();
+        if kind != Kind::Float {
+            vs.set_kind(kind);
+        }
+        Transformer { config, vs, embed, layers, norm, lm_head, inv_freq }
+    }
+
+    /// The device the parameters live on.
+    pub fn device(&self) -> Device {
+        self.vs.device()
+    }
+
+    /// The parameter dtype.
+    pub fn kind(&self) -> Kind {
+        self.embed.kind()
+    }
+
+    /// Names of the tensors a checkpoint must hold (tied `lm_head` excluded).
+    pub fn parameter_names(&self) -> Vec<String> {
+        let mut names: Vec<String> = self.vs.variables().into_keys().collect();
+        names.sort();
+        names
+    }
+
+    /// cos/sin tables `[B, 1, T, head_dim]` for the given positions (float32 math, then the model dtype).
+    fn rope(&self, positions: &Tensor, kind: Kind) -> (Tensor, Tensor) {
+        let freqs = positions.to_kind(Kind::Float).unsqueeze(-1) * self.inv_freq.view([1, 1, -1]);
+        let emb = Tensor::cat(&[&freqs, &freqs], -1);
+        (emb.cos().to_kind(kind).unsqueeze(1), emb.sin().to_kind(kind).unsqueeze(1))
+    }
+
+    /// Logits `[B, T, V]` for a batch; with a cache, the new keys/values are
+    /// appended at the cache's current length and attention covers all cached slots.
+    pub fn forward(&self, batch: &Batch, mut cache: Option<&mut KvCache>) -> Result<Tensor> {
+        let hidden = self.hidden_states(batch, cache.as_deref_mut())?;
+        Ok(hidden.linear::<Tensor>(&self.lm_head, None))
+    }
+
+    /// Final hidden states `[B, T, H]` (after the last norm).
+    pub fn hidden_states(&self, batch: &Batch, mut cache: Option<&mut KvCache>) -> Result<Tensor> {
+        let c = &self.config;
+        let (b, t) = batch.ids.size2()?;
+        let kind = self.kind();
+        let mut x = Tensor::embedding(&self.embed, &batch.ids, -1, false, false);
+        let (cos, sin) = self.rope(&batch.positions, kind);
+        let start = cache.as_ref().map(|c| c.len()).unwrap_or(0);
+        if let Some(cache) = cache.as_ref() {
+            if start + t as usize > cache.capacity() {
+                return Err(ModelError::Input(format!(
+                    "KV cache holds {} slots, {} used, {} more requested",
+                    cache.capacity(),
+                    start,
+                    t
+                )));
+            }
+        }
+        for (i, layer) in self.layers.iter().enumerate() {
+            let h = layer.input_norm.forward(&x);
+            let q = layer.q.forward(&h).view([b, t, c.num_heads, c.head_dim]).transpose(1, 2);
+            let k = layer.k.forward(&h).view([b, t, c.num_kv_heads, c.head_dim]).transpose(1, 2);
+            let v = layer.v.forward(&h).view([b, t, c.num_kv_heads, c.head_dim]).transpose(1, 2);
+            let q = &q * &cos + rotate_half(&q) * &sin;
+            let k = &k * &cos + rotate_half(&k) * &sin;
+            let (k, v) = match cache.as_deref_mut() {
+                Some(cache) => cache.append(i, start, &k, &v),
+                None => (k, v),
+            };
+            let attn = Tensor::scaled_dot_product_attention(&q, &k, &v, Some(&batch.mask), 0.0, false, None, c.num_kv_heads != c.num_heads);
+            let attn = attn.transpose(1, 2).reshape([b, t, c.num_heads * c.head_dim]);
+            x = x + layer.o.forward(&attn);
+            let h = layer.post_norm.forward(&x);
+            x = x + layer.down.forward(&(layer.gate.forward(&h).silu() * layer.up.forward(&h)));
+        }
+        if let Some(cache) = cache {
+            cache.advance(t);
+        }
+        Ok(self.norm.forward(&x))
+    }
+
+    /// The output projection `[V, H]` (the embedding when tied).
+    pub(crate) fn lm_head(&self) -> &Tensor {
+        &self.lm_head
+    }
+
+    /// Check that every id is inside the vocabulary.
+    pub fn check_ids(&self, ids: &[u32]) -> Result<()> {
+        if let Some(bad) = ids.iter().find(|&&i| i as i64 >= self.config.vocab_size) {
+            return Err(ModelError::Input(format!("token id {bad} is out of range (vocab_size {})", self.config.vocab_size)));
+        }
+        Ok(())
+    }
+}
+
+fn rotate_half(x: &Tensor) -> Tensor {
+    let half = x.size()[x.dim() - 1] / 2;
+    let x1 = x.narrow(-1, 0, half);
+    let x2 = x.narrow(-1, half, half);
+    Tensor::cat(&[&x2.neg(), &x1], -1)
+}
+
+/// Position ids from a validity mask `[B, T]`: `cumsum(valid) − 1`, 0 on padding (as transformers' generate).
+pub fn positions_from_valid(valid: &Tensor) -> Tensor {
+    (valid.to_kind(Kind::Int64).cumsum(1, Kind::Int64) - 1).clamp_min(0)
+}
+
+/// Causal mask `[B, 1, T, T]` over a batch with padding: a query attends to valid
+/// earlier-or-same keys, and always to itself (padding rows stay finite).
+pub fn causal_mask(valid: &Tensor) -> Tensor {
+    let (_, t) = valid.size2().expect("valid mask is [B, T]");
+    let device = valid.device();
+    let causal = Tensor::ones([t, t], (Kind::Bool, device)).tril(0);
+    let keys = valid.to_kind(Kind::Bool).unsqueeze(1).unsqueeze(1);
+    let eye = Tensor::eye(t, (Kind::Bool, device));
+    causal.logical_and(&keys).logical_or(&eye)
+}
