@@ -1,0 +1,1 @@
+//! The controller: owns the run (dataset cursor, dispatch, ledger, staleness, supervision).

@@ -1,0 +1,1 @@
+//! The learner: policy-gradient losses, optimiser, data-parallel ranks, checkpoints.

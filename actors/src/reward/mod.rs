@@ -1,0 +1,1 @@
+//! The reward actor: scores trajectories by segment and step.
