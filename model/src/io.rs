@@ -92,8 +92,11 @@ impl Transformer {
             let more = if missing.len() > 5 { format!(" (and {} more)", missing.len() - 5) } else { String::new() };
             return Err(ModelError::MissingTensors { path: path.to_path_buf(), names: format!("{}{more}", shown.join(", ")) });
         }
+        let mut names: Vec<&String> = vars.keys().collect();
+        names.sort();
         tch::no_grad(|| -> Result<()> {
-            for (name, var) in vars.iter() {
+            for name in names {
+                let var = &vars[name];
                 let src = &weights[name];
                 if src.size() != var.size() {
                     return Err(ModelError::BadTensor {

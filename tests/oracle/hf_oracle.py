@@ -57,6 +57,10 @@ def make_tiny(a):
         with open(a.template) as f:
             tok.chat_template = f.read()
     tok.save_pretrained(a.out)
+    # transformers 5 picks the tokenizer class from the model type (a qwen2 model gets
+    # Qwen2's pre-tokenizer whatever tokenizer.json says); re-save so tokenizer.json
+    # holds exactly the pipeline transformers runs, as a real checkpoint's does.
+    AutoTokenizer.from_pretrained(a.out).save_pretrained(a.out)
     gen = os.path.join(a.tokenizer, "generation_config.json")
     if os.path.exists(gen):
         shutil.copy(gen, os.path.join(a.out, "generation_config.json"))
@@ -80,13 +84,22 @@ def logprobs(a):
     print(json.dumps({"logprobs": out}))
 
 
-def render(a):
-    tok = AutoTokenizer.from_pretrained(a.model)
-    req = json.load(sys.stdin)
+def render_one(tok, req):
     kwargs = {"tools": req.get("tools")} if req.get("tools") is not None else {}
     text = tok.apply_chat_template(req["messages"], tokenize=False, add_generation_prompt=req.get("add_generation_prompt", False), **kwargs)
     ids = tok(text, add_special_tokens=False)["input_ids"]
-    print(json.dumps({"text": text, "token_ids": ids}, ensure_ascii=False))
+    return {"text": text, "token_ids": ids}
+
+
+def render(a):
+    """One request, or {"requests": [...]} for several (one interpreter start)."""
+    tok = AutoTokenizer.from_pretrained(a.model)
+    req = json.load(sys.stdin)
+    if "requests" in req:
+        out = {"results": [render_one(tok, r) for r in req["requests"]]}
+    else:
+        out = render_one(tok, req)
+    print(json.dumps(out, ensure_ascii=False))
 
 
 def generate(a):
