@@ -1,0 +1,90 @@
+//! The CPU backend: ranks are OS processes, linked in a ring of TCP
+//! connections (each rank writes to its next rank and reads from its previous
+//! one), found through a rendezvous at rank 0's address.
+//!
+//! ```no_run
+//! use rlmesh_comm::{CollectiveExt, RingComm, RingConfig};
+//! # fn main() -> Result<(), rlmesh_comm::CommError> {
+//! // In each of 4 processes, with its own rank:
+//! let rank = 0;
+//! let mut comm = RingComm::connect(RingConfig::new(rank, 4, "127.0.0.1:29500").cookie("s3cret"))?;
+//! let mut grads = vec![1.0f32; 1000];
+//! comm.all_reduce_mean(&mut grads)?;
+//! # Ok(()) }
+//! ```
+
+mod rendezvous;
+mod ring;
+pub mod wire;
+
+pub use ring::RingComm;
+
+use std::time::Duration;
+
+/// Default bound on any single wait for a peer inside a collective.
+pub const DEFAULT_TIMEOUT: Duration = Duration::from_secs(60);
+/// Default bound on the whole rendezvous.
+pub const DEFAULT_CONNECT_TIMEOUT: Duration = Duration::from_secs(60);
+/// Default pipelining block: each ring chunk moves in blocks of this many bytes.
+pub const DEFAULT_BLOCK_BYTES: usize = 256 * 1024;
+/// Environment variable read by [`RingConfig::new`] for the cookie.
+pub const COOKIE_ENV: &str = "RLMESH_COMM_COOKIE";
+
+/// How to join a CPU ring.
+#[derive(Debug, Clone)]
+pub struct RingConfig {
+    /// This process's rank, `0..world`.
+    pub rank: usize,
+    /// Number of ranks.
+    pub world: usize,
+    /// Rank 0's rendezvous address, `host:port`; rank 0 listens there.
+    pub addr: String,
+    /// Shared secret every rank must present; guards against a wrong job's
+    /// ranks joining (it is sent in clear: not a defence against attackers on the network).
+    pub cookie: String,
+    /// Bound on any single wait for a peer during a collective (a dead or stuck peer surfaces as an error after this).
+    pub timeout: Duration,
+    /// Bound on the whole rendezvous.
+    pub connect_timeout: Duration,
+    /// Pipelining granularity in bytes.
+    pub block_bytes: usize,
+}
+
+impl RingConfig {
+    /// A configuration with defaults; the cookie comes from `RLMESH_COMM_COOKIE` or is `"rlmesh"`.
+    pub fn new(rank: usize, world: usize, addr: impl Into<String>) -> Self {
+        RingConfig {
+            rank,
+            world,
+            addr: addr.into(),
+            cookie: std::env::var(COOKIE_ENV).unwrap_or_else(|_| "rlmesh".to_string()),
+            timeout: DEFAULT_TIMEOUT,
+            connect_timeout: DEFAULT_CONNECT_TIMEOUT,
+            block_bytes: DEFAULT_BLOCK_BYTES,
+        }
+    }
+
+    /// Sets the shared cookie.
+    pub fn cookie(mut self, cookie: impl Into<String>) -> Self {
+        self.cookie = cookie.into();
+        self
+    }
+
+    /// Sets the per-wait timeout of collectives.
+    pub fn timeout(mut self, t: Duration) -> Self {
+        self.timeout = t;
+        self
+    }
+
+    /// Sets the rendezvous timeout.
+    pub fn connect_timeout(mut self, t: Duration) -> Self {
+        self.connect_timeout = t;
+        self
+    }
+
+    /// Sets the pipelining block size in bytes.
+    pub fn block_bytes(mut self, b: usize) -> Self {
+        self.block_bytes = b.max(64);
+        self
+    }
+}
