@@ -1,1 +1,54 @@
-fn main() {}
+//! `launcher` — the rlmesh command line.
+//!
+//! Running: `up`, `plan`, `status`, `down`, `report`. Inspecting (JSON in, JSON
+//! out): `score`, `render`, `chat`, `advantages`, `reward`. Measuring: `bench`.
+//! Every subcommand prints a clear error and exits non-zero on bad input
+//! (2 for usage and config errors).
+use clap::{Parser, Subcommand};
+use std::process::ExitCode;
+
+mod cmd;
+mod error;
+
+
+#[derive(Parser)]
+#[command(name = "launcher", version, about = "rlmesh: distributed RL for tool-calling LLM agents")]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Subcommand)]
+enum Command {
+    /// Per-token log-probs of token sequences (JSONL in: {"token_ids": [...]}; out: {"logprobs": [...]}).
+    Score(cmd::inspect::ScoreArgs),
+    /// Render a conversation with the model's chat template (JSON in; out: {"text", "token_ids"}).
+    Render(cmd::inspect::RenderArgs),
+    /// Chat with a model (runs the tool loop with --tools).
+    Chat(cmd::chat::ChatArgs),
+    /// Compute advantages offline (JSON in, JSON out).
+    Advantages(cmd::inspect::AdvantagesArgs),
+    /// Score completions offline (JSONL in, JSONL out).
+    Reward(cmd::inspect::RewardArgs),
+    /// Benchmarks, each printing the ratio against its peer measured in the same run.
+    Bench(cmd::bench::BenchArgs),
+}
+
+fn main() -> ExitCode {
+    let cli = Cli::parse();
+    let result = match cli.command {
+        Command::Score(a) => cmd::inspect::score(a),
+        Command::Render(a) => cmd::inspect::render(a),
+        Command::Chat(a) => cmd::chat::run(a),
+        Command::Advantages(a) => cmd::inspect::advantages(a),
+        Command::Reward(a) => cmd::inspect::reward(a),
+        Command::Bench(a) => cmd::bench::run(a),
+    };
+    match result {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("error: {e:#}");
+            ExitCode::from(e.exit_code())
+        }
+    }
+}

@@ -65,3 +65,37 @@ impl Transformer {
         Ok(padded.lens.iter().enumerate().map(|(i, &n)| flat[i * t..i * t + n - 1].to_vec()).collect())
     }
 }
+
+/// Log-probs and entropies at the positions a loss reads.
+pub struct MaskedLogprobs {
+    /// `[B, T-1]` float32: log P(ids[t+1] | ..=t) where `loss_mask[t+1]` is set, 0 elsewhere (differentiable).
+    pub logprobs: Tensor,
+    /// `[B, T-1]` float32: entropy of the predictive distribution at the same positions, 0 elsewhere.
+    pub entropy: Tensor,
+}
+
+impl Transformer {
+    /// Like [`Transformer::token_logprobs`], but the `[*, V]` projection and softmax run only at
+    /// positions whose *target* token has `loss_mask` set — with long shared prompts (tool schemas)
+    /// and short completions this is most of the learner's memory and time.
+    ///
+    /// `loss_mask` is `[B, T]` (the trajectory's mask over `ids`).
+    pub fn masked_token_logprobs(&self, ids: &Tensor, valid: &Tensor, loss_mask: &Tensor) -> Result<MaskedLogprobs> {
+        let batch = Batch { ids: ids.shallow_clone(), positions: positions_from_valid(valid), mask: causal_mask(valid) };
+        let hidden = self.hidden_states(&batch, None)?;
+        let (b, t) = ids.size2()?;
+        let h = hidden.size()[2];
+        let sel = loss_mask.narrow(1, 1, t - 1).to_kind(Kind::Bool).reshape([-1]);
+        let index = sel.nonzero().squeeze_dim(1);
+        let picked = hidden.narrow(1, 0, t - 1).reshape([-1, h]).index_select(0, &index);
+        let logp_all = picked.linear::<Tensor>(self.lm_head(), None).to_kind(Kind::Float).log_softmax(-1, Kind::Float);
+        let targets = ids.narrow(1, 1, t - 1).reshape([-1]).index_select(0, &index).unsqueeze(-1);
+        let lp = logp_all.gather(-1, &targets, false).squeeze_dim(-1);
+        let ent = -(logp_all.exp() * &logp_all).sum_dim_intlist(-1, false, Kind::Float);
+        let zeros = Tensor::zeros([b * (t - 1)], (Kind::Float, ids.device()));
+        Ok(MaskedLogprobs {
+            logprobs: zeros.index_put(&[Some(index.shallow_clone())], &lp, false).view([b, t - 1]),
+            entropy: zeros.index_put(&[Some(index)], &ent, false).view([b, t - 1]),
+        })
+    }
+}

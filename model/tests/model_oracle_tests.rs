@@ -133,3 +133,32 @@ fn sampling_is_seeded_and_respects_stop_tokens() {
         assert!(c.logprobs.iter().all(|&l| l <= 0.0 && l.is_finite()));
     }
 }
+
+#[test]
+fn masked_logprobs_equal_full_logprobs_under_the_mask() {
+    let dir = tempfile::tempdir().unwrap();
+    let m = tiny_model(dir.path(), "llama", false, true, 8, &[]);
+    let model = Transformer::load(&m, Device::Cpu, None).unwrap();
+    let seqs = sequences(&[9, 14], 49152, 4);
+    let p = rlmesh_model::score::pad_right(&seqs, Device::Cpu);
+    // Mask: the last 4 tokens of each sequence (as a completion after a prompt).
+    let mut mask = vec![0i64; 2 * 14];
+    for (i, s) in seqs.iter().enumerate() {
+        for j in s.len() - 4..s.len() {
+            mask[i * 14 + j] = 1;
+        }
+    }
+    let mask = tch::Tensor::from_slice(&mask).view([2, 14]);
+    let full = model.token_logprobs(&p.ids, &p.valid).unwrap();
+    let part = model.masked_token_logprobs(&p.ids, &p.valid, &mask).unwrap();
+    let target_mask = mask.narrow(1, 1, 13).to_kind(Kind::Float);
+    let diff = ((&full * &target_mask) - &part.logprobs).abs().max().double_value(&[]);
+    assert!(diff < 1e-5, "masked log-probs differ by {diff}");
+    assert_eq!((part.logprobs.ne(0.0).to_kind(Kind::Float) - &target_mask).abs().sum(Kind::Float).double_value(&[]), 0.0);
+    let ent = part.entropy.sum(Kind::Float).double_value(&[]);
+    assert!(ent > 0.0 && ent.is_finite());
+    // Gradients flow to the parameters.
+    part.logprobs.sum(Kind::Float).backward();
+    let g = model.vs.trainable_variables().iter().filter(|v| v.grad().defined()).count();
+    assert!(g > 0);
+}

@@ -1,0 +1,222 @@
+//! `launcher bench NAME`: each benchmark measures rlmesh and its peer in the
+//! same run and prints the ratio (medians over repeats; machines are noisy).
+use crate::error::{CliError, CliResult, UsageContext};
+use clap::{Args, Subcommand};
+use rlmesh_model::{SamplingParams, Transformer};
+use serde_json::{json, Value};
+use std::io::Write;
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+use std::time::Instant;
+
+/// Arguments of `launcher bench`.
+#[derive(Args)]
+pub struct BenchArgs {
+    #[command(subcommand)]
+    which: Bench,
+}
+
+#[derive(Subcommand)]
+enum Bench {
+    /// Decode throughput vs transformers `generate` (tiny model and SmolLM2-135M; batch 1, 8, 32).
+    Generate(GenerateArgs),
+}
+
+#[derive(Args)]
+struct GenerateArgs {
+    /// Models to measure: "tiny", "smollm2" or a model directory (default: tiny and smollm2).
+    #[arg(long, value_delimiter = ',')]
+    models: Vec<String>,
+    /// Batch sizes.
+    #[arg(long, value_delimiter = ',', default_values_t = vec![1, 8, 32])]
+    batch: Vec<usize>,
+    /// Tokens generated per sequence.
+    #[arg(long, default_value_t = 128)]
+    new_tokens: usize,
+    /// Prompt length in tokens.
+    #[arg(long, default_value_t = 32)]
+    prompt_len: usize,
+    /// Timed repeats per configuration (the median is reported).
+    #[arg(long, default_value_t = 3)]
+    repeats: usize,
+    /// Intra-op threads for both systems (default: all cores).
+    #[arg(long)]
+    threads: Option<usize>,
+    /// Internal: measure one configuration in this process and print JSON.
+    #[arg(long, hide = true)]
+    one: Option<PathBuf>,
+}
+
+/// Dispatch a benchmark.
+pub fn run(a: BenchArgs) -> CliResult {
+    match a.which {
+        Bench::Generate(g) => generate(g),
+    }
+}
+
+/// The repository root (scripts/, tests/oracle/): `RLMESH_ROOT` or the source tree this binary was built from.
+pub fn repo_root() -> PathBuf {
+    std::env::var_os("RLMESH_ROOT").map(PathBuf::from).unwrap_or_else(|| Path::new(env!("CARGO_MANIFEST_DIR")).parent().unwrap().to_path_buf())
+}
+
+/// Run a repository script and return its last stdout line.
+pub fn script_output(script: &str, args: &[&str]) -> CliResult<String> {
+    let out = Command::new(repo_root().join(script)).args(args).stderr(Stdio::inherit()).output().usage(format!("running {script}"))?;
+    if !out.status.success() {
+        return Err(anyhow::anyhow!("{script} failed ({})", out.status).into());
+    }
+    Ok(String::from_utf8_lossy(&out.stdout).lines().last().unwrap_or("").trim().to_string())
+}
+
+/// The cached models directory (created by scripts/prepare-models.sh).
+pub fn models_dir() -> CliResult<PathBuf> {
+    Ok(PathBuf::from(script_output("scripts/prepare-models.sh", &[])?))
+}
+
+fn resolve_model(name: &str) -> CliResult<PathBuf> {
+    let models = models_dir()?;
+    match name {
+        "smollm2" => Ok(models.join("smollm2-135m")),
+        "tiny" => {
+            let dir = models.join("bench-tiny-qwen2");
+            if !dir.join("model.safetensors").exists() {
+                let tok = models.join("smollm2-135m");
+                let dir_s = dir.display().to_string();
+                let tok_s = tok.display().to_string();
+                let tmpl = repo_root().join("model/templates/qwen2.5-tools.jinja").display().to_string();
+                python(&["tests/oracle/hf_oracle.py", "make-tiny", "--out", &dir_s, "--arch", "qwen2", "--hidden", "64", "--heads", "4", "--kv-heads", "2", "--intermediate", "128", "--layers", "2", "--tokenizer", &tok_s, "--template", &tmpl], None)?;
+            }
+            Ok(dir)
+        }
+        path => {
+            let p = PathBuf::from(path);
+            if !p.join("config.json").exists() {
+                return Err(CliError::usage(anyhow::anyhow!("--models: {path:?} is neither tiny, smollm2 nor a model directory")));
+            }
+            Ok(p)
+        }
+    }
+}
+
+/// Run the project's Python on a repository script with optional JSON stdin; parse the last line as JSON.
+pub fn python(args: &[&str], stdin: Option<&Value>) -> CliResult<Value> {
+    let mut child = Command::new(repo_root().join("scripts/py"))
+        .args(args.iter().enumerate().map(|(i, a)| if i == 0 { repo_root().join(a).display().to_string() } else { a.to_string() }))
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::inherit())
+        .spawn()
+        .usage("starting the project's Python (scripts/py)")?;
+    let input = stdin.map(|v| v.to_string()).unwrap_or_default();
+    child.stdin.take().expect("piped").write_all(input.as_bytes())?;
+    let out = child.wait_with_output()?;
+    if !out.status.success() {
+        return Err(anyhow::anyhow!("python {} failed ({})", args[0], out.status).into());
+    }
+    let text = String::from_utf8_lossy(&out.stdout);
+    Ok(serde_json::from_str(text.lines().last().unwrap_or("null"))?)
+}
+
+fn prompts(batch: usize, len: usize, vocab: u64, seed: u64) -> Vec<Vec<u32>> {
+    let mut s = seed;
+    (0..batch)
+        .map(|_| {
+            (0..len)
+                .map(|_| {
+                    s = s.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
+                    (3 + (s >> 33) % (vocab - 3)) as u32
+                })
+                .collect()
+        })
+        .collect()
+}
+
+/// Median of a non-empty slice.
+pub fn median(xs: &[f64]) -> f64 {
+    let mut v = xs.to_vec();
+    v.sort_by(|a, b| a.partial_cmp(b).unwrap());
+    let n = v.len();
+    if n % 2 == 1 {
+        v[n / 2]
+    } else {
+        (v[n / 2 - 1] + v[n / 2]) / 2.0
+    }
+}
+
+/// Peak resident memory of this process in MiB (VmHWM).
+pub fn peak_rss_mib() -> f64 {
+    std::fs::read_to_string("/proc/self/status")
+        .ok()
+        .and_then(|s| s.lines().find(|l| l.starts_with("VmHWM:")).and_then(|l| l.split_whitespace().nth(1)?.parse::<f64>().ok()))
+        .map(|kb| kb / 1024.0)
+        .unwrap_or(f64::NAN)
+}
+
+fn measure_ours(model_dir: &Path, prompts: &[Vec<u32>], g: &GenerateArgs, threads: usize) -> CliResult<Value> {
+    tch::set_num_threads(threads as i32);
+    let model = Transformer::load(model_dir, tch::Device::Cpu, Some(tch::Kind::Float)).usage("loading the model")?;
+    let params = SamplingParams { max_new_tokens: g.new_tokens, temperature: 0.0, ..Default::default() };
+    model.generate(prompts, &SamplingParams { max_new_tokens: 4, ..params.clone() }, None)?;
+    let mut rates = vec![];
+    for _ in 0..g.repeats {
+        let t = Instant::now();
+        let out = model.generate(prompts, &params, None)?;
+        let dt = t.elapsed().as_secs_f64();
+        assert!(out.iter().all(|c| c.tokens.len() == g.new_tokens));
+        rates.push((prompts.len() * g.new_tokens) as f64 / dt);
+    }
+    Ok(json!({"tokens_per_s": rates, "peak_rss_mib": peak_rss_mib()}))
+}
+
+fn generate(g: GenerateArgs) -> CliResult {
+    let threads = g.threads.unwrap_or_else(|| std::thread::available_parallelism().map(|n| n.get()).unwrap_or(1));
+    if let Some(dir) = &g.one {
+        let input: Value = serde_json::from_reader(std::io::stdin())?;
+        let prompts: Vec<Vec<u32>> = serde_json::from_value(input["prompts"].clone())?;
+        println!("{}", measure_ours(dir, &prompts, &g, threads)?);
+        return Ok(());
+    }
+    let models = if g.models.is_empty() { vec!["tiny".to_string(), "smollm2".to_string()] } else { g.models.clone() };
+    println!("bench generate: greedy, {} new tokens, prompt {} tokens, {threads} threads, median of {} repeats", g.new_tokens, g.prompt_len, g.repeats);
+    println!("{:<10} {:>5} {:>14} {:>16} {:>7} {:>13} {:>13}", "model", "batch", "rlmesh tok/s", "transformers", "ratio", "rlmesh MiB", "hf MiB");
+    let mut rows = vec![];
+    for name in &models {
+        let dir = resolve_model(name)?;
+        let cfg = rlmesh_model::ModelConfig::load(&dir).usage("reading config.json")?;
+        for &b in &g.batch {
+            let input = json!({ "prompts": prompts(b, g.prompt_len, cfg.vocab_size as u64, 17 + b as u64) });
+            let ours = self_child(&dir, &g, threads, &input)?;
+            let theirs = python(
+                &["tests/oracle/bench_generate.py", "--model", &dir.display().to_string(), "--new-tokens", &g.new_tokens.to_string(), "--threads", &threads.to_string(), "--repeats", &g.repeats.to_string()],
+                Some(&input),
+            )?;
+            let rate = |v: &Value| median(&serde_json::from_value::<Vec<f64>>(v["tokens_per_s"].clone()).unwrap_or_default());
+            let (o, t) = (rate(&ours), rate(&theirs));
+            println!(
+                "{:<10} {:>5} {:>14.1} {:>16.1} {:>6.2}x {:>13.0} {:>13.0}",
+                name, b, o, t, o / t, ours["peak_rss_mib"].as_f64().unwrap_or(f64::NAN), theirs["peak_rss_mib"].as_f64().unwrap_or(f64::NAN)
+            );
+            rows.push(json!({"model": name, "batch": b, "rlmesh_tokens_per_s": o, "transformers_tokens_per_s": t, "ratio": o / t,
+                             "rlmesh_peak_rss_mib": ours["peak_rss_mib"], "transformers_peak_rss_mib": theirs["peak_rss_mib"]}));
+        }
+    }
+    println!("{}", json!({ "bench": "generate", "threads": threads, "rows": rows }));
+    Ok(())
+}
+
+/// Measure one configuration in a fresh child process of this binary (so peak memory is per configuration).
+fn self_child(dir: &Path, g: &GenerateArgs, threads: usize, input: &Value) -> CliResult<Value> {
+    let exe = std::env::current_exe()?;
+    let mut child = Command::new(exe)
+        .args(["bench", "generate", "--one", &dir.display().to_string(), "--new-tokens", &g.new_tokens.to_string(), "--repeats", &g.repeats.to_string(), "--threads", &threads.to_string()])
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::inherit())
+        .spawn()?;
+    child.stdin.take().expect("piped").write_all(input.to_string().as_bytes())?;
+    let out = child.wait_with_output()?;
+    if !out.status.success() {
+        return Err(anyhow::anyhow!("bench child failed ({})", out.status).into());
+    }
+    Ok(serde_json::from_str(String::from_utf8_lossy(&out.stdout).lines().last().unwrap_or("null"))?)
+}
