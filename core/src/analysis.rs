@@ -8,7 +8,7 @@
 //! [`process_reward`](crate::reward::process::process_reward). The rows go to
 //! `rollouts.jsonl` ([`write_jsonl`]); the views pick the rows a person should
 //! read first when a policy games its reward.
-use crate::reward::Scored;
+use crate::reward::{Scored, Transcript};
 use crate::task::{Task, TaskType};
 use crate::trajectory::Trajectory;
 use serde::{Deserialize, Serialize};
@@ -156,4 +156,41 @@ pub fn hacking_counts(rows: &[AnalysisRow], th: &HackingThresholds) -> HackingCo
         long_tool_loops: long_tool_loops(rows, th).len(),
         tools_on_no_tool_tasks: tools_on_no_tool_tasks(rows).len(),
     }
+}
+
+/// The held-out verdict on one rollout: the figures of `summary.json`.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub struct TrajectoryOutcome {
+    /// Tool chosen right, arguments right, executed, final answer right, no unnecessary or repeated call.
+    pub success: bool,
+    /// The final answer matches the expected one.
+    pub final_correct: bool,
+    /// At least one tool call was made.
+    pub called_tool: bool,
+    /// A tool was called on a task that needs none.
+    pub unnecessary_tool: bool,
+    /// A call repeated an earlier identical call.
+    pub repeated_call: bool,
+}
+
+/// Judge a rollout with the process rubric's components (see [`crate::reward::process`]):
+/// a tool task succeeds when format, tool, arguments, execution and final answer are all right,
+/// no call repeats, and no more calls were made than the gold calls; a no-tool task succeeds
+/// when it makes no call and answers right.
+pub fn trajectory_outcome(task: &Task, traj: &Trajectory) -> TrajectoryOutcome {
+    let t = Transcript::from_trajectory(traj);
+    let s = crate::reward::process::process_reward(task, &t);
+    let one = |name: &str| s.component(name).is_some_and(|v| v >= 1.0);
+    let calls = t.calls().count();
+    let final_correct = one("final_correct") || (task.expected_answer.is_none() && one("format_ok"));
+    let repeated_call = t.has_repeated_call();
+    let called_tool = t.blocks().next().is_some();
+    let success = if task.requires_tool {
+        let args_ok = s.component("correct_arguments").is_none_or(|v| v >= 1.0);
+        one("format_ok") && one("correct_tool") && args_ok && one("execution_success") && final_correct && !repeated_call
+            && calls <= task.gold_calls_flat().count().max(1)
+    } else {
+        !called_tool && final_correct
+    };
+    TrajectoryOutcome { success, final_correct, called_tool, unnecessary_tool: !task.requires_tool && called_tool, repeated_call }
 }
