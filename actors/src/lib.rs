@@ -21,6 +21,7 @@
 
 pub mod controller;
 pub mod learner;
+pub mod metrics;
 pub mod reward;
 pub mod rollout;
 pub mod weight_sync;

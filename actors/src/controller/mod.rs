@@ -1,1 +1,15 @@
 //! The controller: owns the run (dataset cursor, dispatch, ledger, staleness, supervision).
+//!
+//! Its foundations are plain data and plain functions, testable without actors:
+//! - [`topology`] — `deploy/*.toml`: nodes, ports and where each role's actors run;
+//! - [`plan`] — the placement of a topology: processes, hosts, devices, ranks, ports, environment;
+//! - [`recipe`] — `configs/*.toml`: model, tasks, tools, reward, estimator, SFT and RL settings;
+//! - [`ledger`] — the durable record that trains every prompt group exactly once;
+//! - [`staleness`] — which scored groups the learner may train on, per mode;
+//! - [`source`] — TOML loading whose errors name the file, line and field.
+pub mod ledger;
+pub mod plan;
+pub mod recipe;
+pub mod source;
+pub mod staleness;
+pub mod topology;

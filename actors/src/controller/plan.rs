@@ -1,0 +1,227 @@
+//! The placement of a topology: every process, its host, actors, ports and environment.
+//!
+//! [`plan`] is a pure function of a validated [`Topology`]; `launcher plan`
+//! prints its [`Plan::table`] or its JSON, and `launcher up` starts one
+//! `launcher node` per [`Process`] with its [`Process::env`].
+//!
+//! Environment of every process:
+//! - `RLMESH_PROCESS`, `RLMESH_NODE` — its name (`node/process`) and node;
+//! - `RLMESH_CONTROLLER_ADDR` — `host:port` of the controller's control port;
+//! - `RLMESH_CONTROL_PORT`, `RLMESH_DATA_PORT`, `RLMESH_METRICS_PORT` — its own ports;
+//! - `CUDA_VISIBLE_DEVICES` — its GPUs in ascending order (empty: none), so
+//!   an actor's in-process CUDA ordinal is its GPU's position in that list;
+//!
+//! and of a learner's process: `RLMESH_RANK`, `RLMESH_WORLD_SIZE`,
+//! `RLMESH_MASTER_ADDR`, `RLMESH_MASTER_PORT` (learner rank 0's host and
+//! the `ports.master` port), `RLMESH_DIST_BACKEND` (`nccl` or `cpu`).
+use super::topology::{process_keys, process_name, Device, Role, Topology};
+use serde::{Deserialize, Serialize};
+use std::collections::BTreeMap;
+use std::fmt::{self, Write};
+
+/// Where everything of a run goes.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct Plan {
+    /// The topology's name.
+    pub topology: String,
+    /// The learners' collective backend.
+    pub learner_backend: Backend,
+    /// How new weights reach the rollout actors.
+    pub weight_transport: WeightTransport,
+    /// Learner data-parallel world size.
+    pub world_size: u32,
+    /// `host:port` of the learners' rendezvous.
+    pub master: String,
+    /// `host:port` of the controller's control port.
+    pub controller: String,
+    /// Every process, in start order.
+    pub processes: Vec<Process>,
+}
+
+/// The learners' collective backend, chosen by their devices.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Backend {
+    /// GPU learners: NCCL all-reduce.
+    Nccl,
+    /// CPU learners: the CPU collective.
+    Cpu,
+}
+
+/// How new weights reach the rollout actors, chosen by the devices at both ends.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum WeightTransport {
+    /// Learners and rollout actors all on GPUs: NCCL broadcast.
+    Nccl,
+    /// Otherwise: shards over the data plane (shared memory within a process).
+    DataPlane,
+}
+
+impl fmt::Display for Backend {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(match self {
+            Backend::Nccl => "nccl",
+            Backend::Cpu => "cpu",
+        })
+    }
+}
+
+impl fmt::Display for WeightTransport {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(match self {
+            WeightTransport::Nccl => "nccl",
+            WeightTransport::DataPlane => "data_plane",
+        })
+    }
+}
+
+/// One OS process of the run.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct Process {
+    /// `node/process`, e.g. `n2/learner-3` or `local/main`.
+    pub name: String,
+    /// Its node's name.
+    pub node: String,
+    /// Its node's address.
+    pub host: String,
+    /// Its ports.
+    pub ports: ProcessPorts,
+    /// The actors it hosts.
+    pub actors: Vec<Actor>,
+    /// Environment variables it is started with.
+    pub env: BTreeMap<String, String>,
+}
+
+/// A process's own ports.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ProcessPorts {
+    /// Actor control messages.
+    pub control: u16,
+    /// The data plane.
+    pub data: u16,
+    /// Prometheus `/metrics`.
+    pub metrics: u16,
+}
+
+/// One actor inside a process.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Actor {
+    /// Its role.
+    pub role: Role,
+    /// Index within the role (the data-parallel rank for learners).
+    pub rank: u32,
+    /// Its device.
+    pub device: Device,
+}
+
+/// Places every actor of a validated topology into processes with ports and environment.
+pub fn plan(topology: &Topology) -> Plan {
+    let slots = topology.actors();
+    let host_of = |node: &str| topology.node(node).map_or_else(|| node.to_string(), |n| n.host.clone());
+    let mut next_on_host: BTreeMap<String, u16> = BTreeMap::new();
+    let mut processes: Vec<Process> = process_keys(&slots)
+        .into_iter()
+        .map(|(node, name)| {
+            let host = host_of(node);
+            let i = next_on_host.entry(host.clone()).or_default();
+            let ports = ProcessPorts { control: topology.ports.control + *i, data: topology.ports.data + *i, metrics: topology.ports.metrics + *i };
+            *i += 1;
+            Process { name: format!("{node}/{name}"), node: node.to_string(), host, ports, actors: Vec::new(), env: BTreeMap::new() }
+        })
+        .collect();
+    for s in &slots {
+        let name = format!("{}/{}", s.node, process_name(s));
+        let p = processes.iter_mut().find(|p| p.name == name).expect("every slot has a process");
+        p.actors.push(Actor { role: s.role, rank: s.rank, device: s.device });
+    }
+
+    let learners: Vec<_> = slots.iter().filter(|s| s.role == Role::Learner).collect();
+    let on_gpu = |role: Role| slots.iter().filter(|s| s.role == role).all(|s| s.device != Device::Cpu);
+    let learner_backend = if on_gpu(Role::Learner) { Backend::Nccl } else { Backend::Cpu };
+    let weight_transport = if on_gpu(Role::Learner) && on_gpu(Role::Rollout) { WeightTransport::Nccl } else { WeightTransport::DataPlane };
+    let master_host = learners.first().map_or_else(String::new, |l| host_of(&l.node));
+    let master = format!("{master_host}:{}", topology.ports.master);
+    let controller = processes
+        .iter()
+        .find(|p| p.actors.iter().any(|a| a.role == Role::Controller))
+        .map(|p| format!("{}:{}", p.host, p.ports.control))
+        .expect("the controller has a process");
+    let world_size = learners.len() as u32;
+
+    for p in &mut processes {
+        let mut gpus: Vec<u32> = p.actors.iter().filter_map(|a| if let Device::Gpu(g) = a.device { Some(g) } else { None }).collect();
+        gpus.sort_unstable();
+        gpus.dedup();
+        let visible: Vec<String> = gpus.iter().map(u32::to_string).collect();
+        let mut env = BTreeMap::from([
+            ("RLMESH_PROCESS".to_string(), p.name.clone()),
+            ("RLMESH_NODE".to_string(), p.node.clone()),
+            ("RLMESH_CONTROLLER_ADDR".to_string(), controller.clone()),
+            ("RLMESH_CONTROL_PORT".to_string(), p.ports.control.to_string()),
+            ("RLMESH_DATA_PORT".to_string(), p.ports.data.to_string()),
+            ("RLMESH_METRICS_PORT".to_string(), p.ports.metrics.to_string()),
+            ("CUDA_VISIBLE_DEVICES".to_string(), visible.join(",")),
+        ]);
+        if let Some(l) = p.actors.iter().find(|a| a.role == Role::Learner) {
+            env.insert("RLMESH_RANK".to_string(), l.rank.to_string());
+            env.insert("RLMESH_WORLD_SIZE".to_string(), world_size.to_string());
+            env.insert("RLMESH_MASTER_ADDR".to_string(), master_host.clone());
+            env.insert("RLMESH_MASTER_PORT".to_string(), topology.ports.master.to_string());
+            env.insert("RLMESH_DIST_BACKEND".to_string(), learner_backend.to_string());
+        }
+        p.env = env;
+    }
+
+    Plan { topology: topology.name.clone(), learner_backend, weight_transport, world_size, master, controller, processes }
+}
+
+impl Plan {
+    /// The processes hosting an actor of `role`.
+    pub fn processes_with(&self, role: Role) -> impl Iterator<Item = &Process> {
+        self.processes.iter().filter(move |p| p.actors.iter().any(|a| a.role == role))
+    }
+
+    /// A human table: a summary line, then one row per actor with its process, host, device and ports.
+    pub fn table(&self) -> String {
+        let nodes = {
+            let mut n: Vec<&str> = self.processes.iter().map(|p| p.node.as_str()).collect();
+            n.sort_unstable();
+            n.dedup();
+            n.len()
+        };
+        let mut out = format!(
+            "topology {}: {} node(s), {} process(es), learner world size {} ({} backend, master {}), weights by {}, controller at {}\n",
+            self.topology,
+            nodes,
+            self.processes.len(),
+            self.world_size,
+            self.learner_backend,
+            self.master,
+            self.weight_transport,
+            self.controller
+        );
+        let header = ["PROCESS", "HOST", "ROLE", "RANK", "DEVICE", "CONTROL", "DATA", "METRICS"].map(String::from);
+        let mut rows = vec![header];
+        for p in &self.processes {
+            for a in &p.actors {
+                rows.push([
+                    p.name.clone(),
+                    p.host.clone(),
+                    a.role.to_string(),
+                    a.rank.to_string(),
+                    a.device.to_string(),
+                    p.ports.control.to_string(),
+                    p.ports.data.to_string(),
+                    p.ports.metrics.to_string(),
+                ]);
+            }
+        }
+        let widths: Vec<usize> = (0..8).map(|c| rows.iter().map(|r| r[c].len()).max().unwrap_or(0)).collect();
+        for r in &rows {
+            let cells: Vec<String> = r.iter().zip(&widths).map(|(cell, w)| format!("{cell:<w$}")).collect();
+            let _ = writeln!(out, "{}", cells.join("  ").trim_end());
+        }
+        out
+    }
+}

@@ -1,0 +1,505 @@
+//! Recipes (`configs/*.toml`): *what* a run trains.
+//!
+//! A recipe names the model, the task mix and tools, the reward, the
+//! advantage estimator, the SFT warm-up and the RL loop's hyper-parameters:
+//!
+//! ```toml
+//! reward = "process"            # "process" | "final_only"
+//! tools = ["calculator"]
+//!
+//! [model]
+//! path = "tiny"                 # "tiny": create a tiny model and tokenizer; else an HF directory
+//!
+//! [tasks]
+//! size = 1024                   # training tasks
+//! held_out = 200                # held-out tasks (≥ 100), same mix, never trained on
+//! tool_fraction = 0.5
+//! multi_step_fraction = 0.0
+//! seed = 0
+//!
+//! [estimator]
+//! name = "grpo"                 # "grpo" | "dr_grpo" | "rloo"
+//!
+//! [sft]
+//! steps = 60
+//! lr = 1e-3
+//!
+//! [rl]
+//! steps = 40
+//! lr = 1e-4
+//! group_size = 8
+//! groups_per_step = 8
+//! mode = "one_step_off"         # "sync" | "one_step_off" | "async" (+ max_staleness)
+//! ```
+//!
+//! Every field but `reward` and `tasks.size` has a default (`name`: the file's stem) (see each
+//! field). Unknown fields are errors; [`Recipe::load`] names the file, line
+//! and field of any problem.
+use super::source::{self, ConfigError, Invalid};
+use super::staleness::Mode;
+use rlmesh_core::advantage::grpo::ScaleRewards;
+use rlmesh_core::dataset::{self, DatasetError, MixConfig};
+use rlmesh_core::tools::{calculator, inventory, registry};
+use rlmesh_core::Task;
+use serde::{Deserialize, Serialize};
+use std::path::Path;
+
+/// What a run trains.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Recipe {
+    /// The recipe's name, recorded in `summary.json` (default: the file's stem).
+    #[serde(default)]
+    pub name: String,
+    /// Seed of model creation, SFT data and sampling (the task mix has its own).
+    #[serde(default)]
+    pub seed: u64,
+    /// The reward that scores rollouts.
+    pub reward: RewardKind,
+    /// Tools and environments the agent may call (default `["calculator"]`).
+    #[serde(default = "default_tools")]
+    pub tools: Vec<String>,
+    /// The policy model.
+    #[serde(default)]
+    pub model: ModelSpec,
+    /// The training and held-out tasks.
+    pub tasks: TaskMix,
+    /// The advantage estimator and its loss parameters.
+    #[serde(default)]
+    pub estimator: Estimator,
+    /// Supervised warm-up on noisy expert trajectories.
+    #[serde(default)]
+    pub sft: Sft,
+    /// The RL loop.
+    #[serde(default)]
+    pub rl: Rl,
+}
+
+/// The reward that scores rollouts.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum RewardKind {
+    /// The seed's process-aware reward (tool choice, arguments, execution, answer, repeats).
+    Process,
+    /// Only format and final answer: the reward-hacking baseline.
+    FinalOnly,
+}
+
+/// The policy model.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ModelSpec {
+    /// An HF model directory, or `"tiny"` to create a tiny model and tokenizer (default).
+    #[serde(default = "default_model_path")]
+    pub path: String,
+}
+
+/// The task mix: the seed's generator, split into training and held-out tasks.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct TaskMix {
+    /// Number of training tasks.
+    pub size: usize,
+    /// Number of held-out evaluation tasks (at least 100; default 200).
+    #[serde(default = "default_held_out")]
+    pub held_out: usize,
+    /// Share of tasks that need a tool, in `[0, 1]` (default 0.5).
+    #[serde(default = "half")]
+    pub tool_fraction: f64,
+    /// Share of tool tasks needing two or more steps, in `[0, 1]` (default 0).
+    #[serde(default)]
+    pub multi_step_fraction: f64,
+    /// Whether multi-step tasks include inventory tasks (needs the `inventory` tool; default false).
+    #[serde(default)]
+    pub inventory: bool,
+    /// Seed of the generator (default 0).
+    #[serde(default)]
+    pub seed: u64,
+}
+
+/// Advantage estimators the RL loop supports with scalar rewards.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum EstimatorKind {
+    /// GRPO (TRL semantics).
+    Grpo,
+    /// Dr.GRPO: GRPO without the σ division.
+    DrGrpo,
+    /// REINFORCE leave-one-out.
+    Rloo,
+}
+
+/// Which σ divides GRPO's centred rewards.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum ScaleRewardsName {
+    /// σ of the group.
+    Group,
+    /// σ of the batch.
+    Batch,
+    /// No division.
+    None,
+}
+
+/// The advantage estimator and the policy-loss parameters.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Estimator {
+    /// The estimator (default `grpo`).
+    #[serde(default = "default_estimator")]
+    pub name: EstimatorKind,
+    /// GRPO's σ (default `group`; Dr.GRPO: `none`, the only value it takes; RLOO: not used).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub scale_rewards: Option<ScaleRewardsName>,
+    /// PPO clip ε of the importance ratio (default 0.2).
+    #[serde(default = "default_clip_eps")]
+    pub clip_eps: f64,
+    /// β of the KL penalty to the reference policy (default 0: no reference).
+    #[serde(default)]
+    pub kl_coef: f64,
+}
+
+/// Supervised warm-up on noisy expert trajectories.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Sft {
+    /// Optimizer steps (default 0: no warm-up).
+    #[serde(default)]
+    pub steps: u64,
+    /// Learning rate (default 1e-3).
+    #[serde(default = "default_sft_lr")]
+    pub lr: f64,
+    /// Trajectories per step (default 16).
+    #[serde(default = "default_sft_batch")]
+    pub batch_size: usize,
+    /// Shares of the expert strategies the trajectories are written with.
+    #[serde(default)]
+    pub mix: SftMix,
+}
+
+/// Shares of SFT trajectories per strategy: all five when given, summing to 1
+/// (default 0.6 correct, 0.1 each other). A strategy that does not apply to a
+/// task (`unnecessary_tool` on a tool task, the tool mistakes on a no-tool
+/// task) writes the correct trajectory instead.
+#[derive(Clone, Copy, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct SftMix {
+    /// The right calls, then the right answer.
+    pub correct: f64,
+    /// Answers a tool task without calling the tool.
+    pub no_tool: f64,
+    /// Calls the right tool with wrong arguments.
+    pub wrong_arguments: f64,
+    /// Repeats a call.
+    pub repeated_call: f64,
+    /// Calls a tool on a no-tool task.
+    pub unnecessary_tool: f64,
+}
+
+/// The RL loop.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Rl {
+    /// Optimizer steps (default 40).
+    #[serde(default = "default_rl_steps")]
+    pub steps: u64,
+    /// Learning rate (default 1e-4).
+    #[serde(default = "default_rl_lr")]
+    pub lr: f64,
+    /// Rollouts per prompt, G (at least 2; default 8).
+    #[serde(default = "default_group_size")]
+    pub group_size: usize,
+    /// Prompt groups per optimizer step (default 8).
+    #[serde(default = "default_groups_per_step")]
+    pub groups_per_step: usize,
+    /// Sampling temperature (> 0; default 1).
+    #[serde(default = "one")]
+    pub temperature: f64,
+    /// Assistant turns per rollout, tool turns included (default 4).
+    #[serde(default = "default_max_turns")]
+    pub max_turns: usize,
+    /// Generated tokens per turn (default 64).
+    #[serde(default = "default_max_new_tokens")]
+    pub max_new_tokens: usize,
+    /// Overlap of generation and training (default `one_step_off`).
+    #[serde(default = "default_mode")]
+    pub mode: ModeName,
+    /// Staleness bound k for `async` (default 2); `sync` implies 0, `one_step_off` 1.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub max_staleness: Option<u64>,
+}
+
+/// The mode as a recipe spells it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum ModeName {
+    /// On-policy.
+    Sync,
+    /// One step of overlap.
+    OneStepOff,
+    /// Bounded by `max_staleness`.
+    Async,
+}
+
+/// The `async` bound when the recipe gives none.
+pub const DEFAULT_ASYNC_STALENESS: u64 = 2;
+
+fn default_tools() -> Vec<String> {
+    vec![calculator::NAME.to_string()]
+}
+fn default_model_path() -> String {
+    "tiny".to_string()
+}
+fn default_held_out() -> usize {
+    200
+}
+fn half() -> f64 {
+    0.5
+}
+fn one() -> f64 {
+    1.0
+}
+fn default_estimator() -> EstimatorKind {
+    EstimatorKind::Grpo
+}
+fn default_clip_eps() -> f64 {
+    0.2
+}
+fn default_sft_lr() -> f64 {
+    1e-3
+}
+fn default_sft_batch() -> usize {
+    16
+}
+fn default_rl_steps() -> u64 {
+    40
+}
+fn default_rl_lr() -> f64 {
+    1e-4
+}
+fn default_group_size() -> usize {
+    8
+}
+fn default_groups_per_step() -> usize {
+    8
+}
+fn default_max_turns() -> usize {
+    4
+}
+fn default_max_new_tokens() -> usize {
+    64
+}
+fn default_mode() -> ModeName {
+    ModeName::OneStepOff
+}
+
+impl Default for ModelSpec {
+    fn default() -> Self {
+        ModelSpec { path: default_model_path() }
+    }
+}
+
+impl Default for Estimator {
+    fn default() -> Self {
+        Estimator { name: default_estimator(), scale_rewards: None, clip_eps: default_clip_eps(), kl_coef: 0.0 }
+    }
+}
+
+impl Default for Sft {
+    fn default() -> Self {
+        Sft { steps: 0, lr: default_sft_lr(), batch_size: default_sft_batch(), mix: SftMix::default() }
+    }
+}
+
+impl Default for SftMix {
+    fn default() -> Self {
+        SftMix { correct: 0.6, no_tool: 0.1, wrong_arguments: 0.1, repeated_call: 0.1, unnecessary_tool: 0.1 }
+    }
+}
+
+impl Default for Rl {
+    fn default() -> Self {
+        Rl {
+            steps: default_rl_steps(),
+            lr: default_rl_lr(),
+            group_size: default_group_size(),
+            groups_per_step: default_groups_per_step(),
+            temperature: 1.0,
+            max_turns: default_max_turns(),
+            max_new_tokens: default_max_new_tokens(),
+            mode: default_mode(),
+            max_staleness: None,
+        }
+    }
+}
+
+impl Recipe {
+    /// Reads, parses and validates a recipe file; errors name the file, line and field.
+    pub fn load(path: &Path) -> Result<Recipe, ConfigError> {
+        source::load(path, Recipe::validate).map(|r| r.named_after(path))
+    }
+
+    /// Parses and validates recipe text (named `file` in errors; an unnamed recipe takes its stem).
+    pub fn parse(file: &str, text: &str) -> Result<Recipe, ConfigError> {
+        source::parse(file, text, Recipe::validate).map(|r| r.named_after(Path::new(file)))
+    }
+
+    fn named_after(mut self, file: &Path) -> Recipe {
+        if self.name.is_empty() {
+            self.name = file.file_stem().map_or_else(String::new, |s| s.to_string_lossy().into_owned());
+        }
+        self
+    }
+
+    /// Whether the model is created (`model.path = "tiny"`) rather than loaded.
+    pub fn tiny_model(&self) -> bool {
+        self.model.path == "tiny"
+    }
+
+    /// The staleness mode of the RL loop.
+    pub fn mode(&self) -> Mode {
+        match self.rl.mode {
+            ModeName::Sync => Mode::Sync,
+            ModeName::OneStepOff => Mode::OneStepOff,
+            ModeName::Async => Mode::Async { max_staleness: self.rl.max_staleness.unwrap_or(DEFAULT_ASYNC_STALENESS) },
+        }
+    }
+
+    /// GRPO's σ choice for this estimator (`None` for RLOO, which does not scale).
+    pub fn scale_rewards(&self) -> Option<ScaleRewards> {
+        let name = match self.estimator.name {
+            EstimatorKind::Grpo => self.estimator.scale_rewards.unwrap_or(ScaleRewardsName::Group),
+            EstimatorKind::DrGrpo => ScaleRewardsName::None,
+            EstimatorKind::Rloo => return None,
+        };
+        Some(match name {
+            ScaleRewardsName::Group => ScaleRewards::Group,
+            ScaleRewardsName::Batch => ScaleRewards::Batch,
+            ScaleRewardsName::None => ScaleRewards::None,
+        })
+    }
+
+    /// Generates the task mix: `(training tasks, held-out tasks)`, disjoint.
+    pub fn tasks(&self) -> Result<(Vec<Task>, Vec<Task>), DatasetError> {
+        let t = &self.tasks;
+        let cfg = MixConfig {
+            size: t.size + t.held_out,
+            tool_fraction: t.tool_fraction,
+            multi_step_fraction: t.multi_step_fraction,
+            inventory: t.inventory,
+            seed: t.seed,
+        };
+        let mut train = dataset::generate(&cfg)?;
+        let held_out = train.split_off(t.size);
+        Ok((train, held_out))
+    }
+
+    /// Checks ranges and cross-field rules; the error names the offending field.
+    pub fn validate(&self) -> Result<(), Invalid> {
+        self.validate_tools()?;
+        if self.model.path.is_empty() {
+            return Err(Invalid::new("model.path", "an HF model directory or \"tiny\""));
+        }
+        let t = &self.tasks;
+        at_least("tasks.size", t.size as f64, 1.0)?;
+        at_least("tasks.held_out", t.held_out as f64, 100.0)?;
+        unit("tasks.tool_fraction", t.tool_fraction)?;
+        unit("tasks.multi_step_fraction", t.multi_step_fraction)?;
+        self.validate_estimator()?;
+        let s = &self.sft;
+        positive("sft.lr", s.lr)?;
+        at_least("sft.batch_size", s.batch_size as f64, 1.0)?;
+        let m = s.mix;
+        let shares = [
+            ("correct", m.correct),
+            ("no_tool", m.no_tool),
+            ("wrong_arguments", m.wrong_arguments),
+            ("repeated_call", m.repeated_call),
+            ("unnecessary_tool", m.unnecessary_tool),
+        ];
+        for (k, v) in shares {
+            unit(&format!("sft.mix.{k}"), v)?;
+        }
+        let sum: f64 = shares.iter().map(|(_, v)| v).sum();
+        if (sum - 1.0).abs() > 1e-9 {
+            return Err(Invalid::new("sft.mix", format!("shares must sum to 1, they sum to {}", (sum * 1e9).round() / 1e9)));
+        }
+        let r = &self.rl;
+        positive("rl.lr", r.lr)?;
+        at_least("rl.group_size", r.group_size as f64, 2.0)?;
+        at_least("rl.groups_per_step", r.groups_per_step as f64, 1.0)?;
+        positive("rl.temperature", r.temperature)?;
+        at_least("rl.max_turns", r.max_turns as f64, 1.0)?;
+        at_least("rl.max_new_tokens", r.max_new_tokens as f64, 1.0)?;
+        match (r.mode, r.max_staleness) {
+            (ModeName::Sync, Some(k)) if k != 0 => Err(Invalid::new("rl.max_staleness", format!("mode \"sync\" means 0, got {k}"))),
+            (ModeName::OneStepOff, Some(k)) if k != 1 => {
+                Err(Invalid::new("rl.max_staleness", format!("mode \"one_step_off\" means 1, got {k}")))
+            }
+            (ModeName::Async, Some(0)) => Err(Invalid::new("rl.max_staleness", "mode \"async\" needs at least 1 (0 is \"sync\")")),
+            _ => Ok(()),
+        }
+    }
+
+    fn validate_tools(&self) -> Result<(), Invalid> {
+        let known: Vec<&str> = registry::BUILTIN_TOOLS.iter().chain(registry::BUILTIN_ENVIRONMENTS).copied().collect();
+        for (i, name) in self.tools.iter().enumerate() {
+            if !known.contains(&name.as_str()) {
+                return Err(Invalid::new(format!("tools[{i}]"), format!("unknown tool \"{name}\" (known: {})", known.join(", "))));
+            }
+            if self.tools[..i].contains(name) {
+                return Err(Invalid::new(format!("tools[{i}]"), format!("\"{name}\" is listed twice")));
+            }
+        }
+        let has = |n: &str| self.tools.iter().any(|t| t == n);
+        if self.tasks.tool_fraction > 0.0 && !has(calculator::NAME) {
+            return Err(Invalid::new("tools", "tool tasks (tasks.tool_fraction > 0) need \"calculator\""));
+        }
+        if self.tasks.inventory && !has(inventory::NAME) {
+            return Err(Invalid::new("tasks.inventory", "inventory tasks need \"inventory\" in tools"));
+        }
+        Ok(())
+    }
+
+    fn validate_estimator(&self) -> Result<(), Invalid> {
+        let e = &self.estimator;
+        match (e.name, e.scale_rewards) {
+            (EstimatorKind::DrGrpo, Some(s)) if s != ScaleRewardsName::None => {
+                return Err(Invalid::new("estimator.scale_rewards", "dr_grpo does not scale rewards: only \"none\""));
+            }
+            (EstimatorKind::Rloo, Some(_)) => return Err(Invalid::new("estimator.scale_rewards", "rloo does not scale rewards; remove it")),
+            _ => {}
+        }
+        if !(e.clip_eps > 0.0 && e.clip_eps < 1.0) {
+            return Err(Invalid::new("estimator.clip_eps", format!("must be in (0, 1), got {}", e.clip_eps)));
+        }
+        if !(e.kl_coef >= 0.0 && e.kl_coef.is_finite()) {
+            return Err(Invalid::new("estimator.kl_coef", format!("must be ≥ 0, got {}", e.kl_coef)));
+        }
+        Ok(())
+    }
+}
+
+fn unit(field: &str, v: f64) -> Result<(), Invalid> {
+    if (0.0..=1.0).contains(&v) {
+        Ok(())
+    } else {
+        Err(Invalid::new(field, format!("must be in [0, 1], got {v}")))
+    }
+}
+
+fn positive(field: &str, v: f64) -> Result<(), Invalid> {
+    if v > 0.0 && v.is_finite() {
+        Ok(())
+    } else {
+        Err(Invalid::new(field, format!("must be > 0, got {v}")))
+    }
+}
+
+fn at_least(field: &str, v: f64, min: f64) -> Result<(), Invalid> {
+    if v >= min {
+        Ok(())
+    } else {
+        Err(Invalid::new(field, format!("must be at least {min}, got {v}")))
+    }
+}

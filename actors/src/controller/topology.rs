@@ -1,0 +1,428 @@
+//! Topology files (`deploy/*.toml`): *where* a run's actors go.
+//!
+//! One format serves the embedded CPU default, a two-GPU workstation and a
+//! 32-GPU cluster:
+//!
+//! ```toml
+//! name = "dev-2gpu"
+//!
+//! [[nodes]]                 # machines: a name, an address, their GPUs
+//! name = "dev"
+//! host = "127.0.0.1"
+//! gpus = 2
+//! gpu_type = "any"          # optional, informative
+//!
+//! [ports]                   # bases; the i-th process on a host adds i
+//! control = 29500           # actor control (ractor_cluster)
+//! data = 29600              # data plane (ZeroMQ)
+//! metrics = 9100            # Prometheus /metrics
+//! master = 29400            # learner rendezvous on rank 0's host
+//!
+//! [controller]              # singletons: a node and an optional shared process
+//! node = "dev"
+//! process = "main"
+//!
+//! [weight_sync]
+//! node = "dev"
+//! process = "main"
+//!
+//! [rollout]                 # one actor per listed GPU, or `actors` CPU actors
+//! placement = [{ node = "dev", gpus = [0] }]
+//!
+//! [reward]
+//! placement = [{ node = "dev", actors = 2, process = "main" }]
+//!
+//! [learner]                 # data-parallel: one rank per listed GPU
+//! ranks = 1
+//! placement = [{ node = "dev", gpus = [1] }]
+//! ```
+//!
+//! Each actor runs in a process of its own unless its entry names a
+//! `process`: actors naming the same process on the same node share it (the
+//! embedded default puts every actor in `main`). [`Topology::validate`]
+//! checks nodes, devices, ranks and ports on plain data;
+//! [`Topology::load`] adds the file and line to its errors.
+use super::source::{self, ConfigError, Invalid};
+use serde::{Deserialize, Serialize};
+use std::collections::{BTreeMap, HashMap};
+use std::fmt;
+use std::path::Path;
+
+/// A parsed topology file.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Topology {
+    /// The topology's name, shown by `launcher plan`.
+    pub name: String,
+    /// The machines.
+    pub nodes: Vec<NodeSpec>,
+    /// Port bases.
+    pub ports: Ports,
+    /// Where the controller runs.
+    pub controller: Singleton,
+    /// Where the weight-sync coordinator runs.
+    pub weight_sync: Singleton,
+    /// Where rollout actors run.
+    pub rollout: Placements,
+    /// Where reward actors run.
+    pub reward: Placements,
+    /// Where learner ranks run.
+    pub learner: Learner,
+}
+
+/// One machine.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct NodeSpec {
+    /// Name used by placements.
+    pub name: String,
+    /// Address other nodes reach it at.
+    pub host: String,
+    /// Number of GPUs (indices `0..gpus`); 0 for a CPU-only node.
+    #[serde(default)]
+    pub gpus: u32,
+    /// GPU model, informative (e.g. `H100-80GB`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub gpu_type: Option<String>,
+}
+
+/// Port bases: the i-th process on a host (in plan order) uses `base + i`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Ports {
+    /// Control messages between actors.
+    pub control: u16,
+    /// The bulk data plane.
+    pub data: u16,
+    /// Prometheus `/metrics`.
+    pub metrics: u16,
+    /// The learners' rendezvous, on learner rank 0's host only.
+    pub master: u16,
+}
+
+/// An actor of which the run has exactly one.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Singleton {
+    /// The node it runs on.
+    pub node: String,
+    /// A process it shares with other actors of the same node (default: its own).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub process: Option<String>,
+}
+
+/// Where the actors of one role run.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Placements {
+    /// Entries, in actor-index order.
+    pub placement: Vec<Placement>,
+}
+
+/// The learner's data-parallel ranks and where they run.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Learner {
+    /// Data-parallel world size: must equal the number of learner devices placed.
+    pub ranks: u32,
+    /// Entries, in rank order.
+    pub placement: Vec<Placement>,
+}
+
+/// Actors of one role on one node: one per listed GPU, or `actors` on the CPU.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Placement {
+    /// The node.
+    pub node: String,
+    /// GPU indices on the node, one actor each; empty for CPU actors.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub gpus: Vec<u32>,
+    /// Number of CPU actors (default 1); only without `gpus`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub actors: Option<u32>,
+    /// A process the actors share with others of the same node (default: one process per actor).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub process: Option<String>,
+}
+
+/// The five actor roles of the architecture.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Role {
+    /// Owns the run.
+    Controller,
+    /// Generates groups.
+    Rollout,
+    /// Scores groups.
+    Reward,
+    /// Trains (one data-parallel rank each).
+    Learner,
+    /// Moves new policy versions to rollout actors.
+    WeightSync,
+}
+
+impl Role {
+    /// The role's name in files and tables (`weight_sync`, …).
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Role::Controller => "controller",
+            Role::Rollout => "rollout",
+            Role::Reward => "reward",
+            Role::Learner => "learner",
+            Role::WeightSync => "weight_sync",
+        }
+    }
+}
+
+impl fmt::Display for Role {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+/// The device an actor computes on.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Device {
+    /// The CPU.
+    Cpu,
+    /// A GPU, by its index on the node (before `CUDA_VISIBLE_DEVICES`).
+    Gpu(u32),
+}
+
+impl fmt::Display for Device {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Device::Cpu => f.write_str("cpu"),
+            Device::Gpu(i) => write!(f, "gpu:{i}"),
+        }
+    }
+}
+
+/// One actor as the topology places it: role, index within the role, node, device, shared process.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ActorSlot {
+    /// Its role.
+    pub role: Role,
+    /// Index within the role (the data-parallel rank for learners).
+    pub rank: u32,
+    /// Its node's name.
+    pub node: String,
+    /// Its device.
+    pub device: Device,
+    /// The named process it shares, if any.
+    pub process: Option<String>,
+    /// Field path of the entry that placed it, for errors.
+    pub field: String,
+}
+
+impl Topology {
+    /// Reads, parses and validates a topology file; errors name the file, line and field.
+    pub fn load(path: &Path) -> Result<Topology, ConfigError> {
+        source::load(path, Topology::validate)
+    }
+
+    /// Parses and validates topology text (named `file` in errors).
+    pub fn parse(file: &str, text: &str) -> Result<Topology, ConfigError> {
+        source::parse(file, text, Topology::validate)
+    }
+
+    /// The node called `name`.
+    pub fn node(&self, name: &str) -> Option<&NodeSpec> {
+        self.nodes.iter().find(|n| n.name == name)
+    }
+
+    /// Every actor, role by role (controller, rollout, reward, learner, weight_sync), in index order.
+    pub fn actors(&self) -> Vec<ActorSlot> {
+        let mut out = Vec::new();
+        let singleton = |role: Role, s: &Singleton| ActorSlot {
+            role,
+            rank: 0,
+            node: s.node.clone(),
+            device: Device::Cpu,
+            process: s.process.clone(),
+            field: role.as_str().to_string(),
+        };
+        out.push(singleton(Role::Controller, &self.controller));
+        for (role, entries) in [(Role::Rollout, &self.rollout.placement), (Role::Reward, &self.reward.placement), (Role::Learner, &self.learner.placement)] {
+            let mut rank = 0;
+            for (i, p) in entries.iter().enumerate() {
+                let devices: Vec<Device> = if p.gpus.is_empty() {
+                    vec![Device::Cpu; p.actors.unwrap_or(1) as usize]
+                } else {
+                    p.gpus.iter().map(|&g| Device::Gpu(g)).collect()
+                };
+                for device in devices {
+                    out.push(ActorSlot {
+                        role,
+                        rank,
+                        node: p.node.clone(),
+                        device,
+                        process: p.process.clone(),
+                        field: format!("{role}.placement[{i}]"),
+                    });
+                    rank += 1;
+                }
+            }
+        }
+        out.push(singleton(Role::WeightSync, &self.weight_sync));
+        out
+    }
+
+    /// Checks names, devices, ranks and ports; the error names the offending field.
+    pub fn validate(&self) -> Result<(), Invalid> {
+        if self.nodes.is_empty() {
+            return Err(Invalid::new("nodes", "at least one node is needed"));
+        }
+        for (i, n) in self.nodes.iter().enumerate() {
+            if let Some(j) = self.nodes[..i].iter().position(|m| m.name == n.name) {
+                return Err(Invalid::new(format!("nodes[{i}].name"), format!("duplicate node \"{}\" (also nodes[{j}])", n.name)));
+            }
+            if n.gpus == 0 && n.gpu_type.is_some() {
+                return Err(Invalid::new(format!("nodes[{i}].gpu_type"), format!("node \"{}\" has no GPUs", n.name)));
+            }
+        }
+        for (role, s) in [(Role::Controller, &self.controller), (Role::WeightSync, &self.weight_sync)] {
+            self.check_node(&format!("{role}.node"), &s.node)?;
+        }
+        for (role, entries) in [(Role::Rollout, &self.rollout.placement), (Role::Reward, &self.reward.placement), (Role::Learner, &self.learner.placement)] {
+            if entries.is_empty() {
+                return Err(Invalid::new(format!("{role}.placement"), "at least one entry is needed"));
+            }
+            for (i, p) in entries.iter().enumerate() {
+                self.check_placement(&format!("{role}.placement[{i}]"), p)?;
+            }
+        }
+        let actors = self.actors();
+        check_gpus_used_once(&actors)?;
+        self.check_learners(&actors)?;
+        self.check_ports(&actors)
+    }
+
+    fn check_node(&self, field: &str, name: &str) -> Result<&NodeSpec, Invalid> {
+        self.node(name).ok_or_else(|| {
+            let known: Vec<&str> = self.nodes.iter().map(|n| n.name.as_str()).collect();
+            Invalid::new(field, format!("unknown node \"{name}\" (nodes: {})", known.join(", ")))
+        })
+    }
+
+    fn check_placement(&self, field: &str, p: &Placement) -> Result<(), Invalid> {
+        let node = self.check_node(&format!("{field}.node"), &p.node)?;
+        if !p.gpus.is_empty() && p.actors.is_some() {
+            return Err(Invalid::new(format!("{field}.actors"), "give either gpus (one actor per GPU) or actors (CPU actors), not both"));
+        }
+        if p.actors == Some(0) {
+            return Err(Invalid::new(format!("{field}.actors"), "must be at least 1"));
+        }
+        if let Some(&g) = p.gpus.iter().find(|&&g| g >= node.gpus) {
+            let has = match node.gpus {
+                0 => "has no GPUs".to_string(),
+                n => format!("has {n} (0..={})", n - 1),
+            };
+            return Err(Invalid::new(format!("{field}.gpus"), format!("GPU {g} is beyond node \"{}\", which {has}", node.name)));
+        }
+        if p.process.as_deref().is_some_and(|s| s.is_empty() || s.contains(['/', ' '])) {
+            return Err(Invalid::new(format!("{field}.process"), "a process name is non-empty, without '/' or spaces"));
+        }
+        Ok(())
+    }
+
+    fn check_learners(&self, actors: &[ActorSlot]) -> Result<(), Invalid> {
+        let learners: Vec<&ActorSlot> = actors.iter().filter(|a| a.role == Role::Learner).collect();
+        if self.learner.ranks as usize != learners.len() {
+            let mut per_node: Vec<(&str, usize)> = Vec::new();
+            for a in &learners {
+                match per_node.iter_mut().find(|(n, _)| *n == a.node) {
+                    Some((_, c)) => *c += 1,
+                    None => per_node.push((&a.node, 1)),
+                }
+            }
+            let detail: Vec<String> = per_node.iter().map(|(n, c)| format!("node \"{n}\": {c}")).collect();
+            return Err(Invalid::new(
+                "learner.ranks",
+                format!(
+                    "{} ranks need {} learner devices, the placement gives {} ({})",
+                    self.learner.ranks,
+                    self.learner.ranks,
+                    learners.len(),
+                    detail.join(", ")
+                ),
+            ));
+        }
+        let on_gpu = learners[0].device != Device::Cpu;
+        if let Some(a) = learners.iter().find(|a| (a.device != Device::Cpu) != on_gpu) {
+            return Err(Invalid::new(a.field.clone(), "learner ranks are all on GPUs or all on CPUs (one collective backend)"));
+        }
+        let mut shared: HashMap<(&str, &str), u32> = HashMap::new();
+        for a in &learners {
+            if let Some(p) = &a.process {
+                if let Some(other) = shared.insert((&a.node, p), a.rank) {
+                    return Err(Invalid::new(
+                        format!("{}.process", a.field),
+                        format!("process \"{p}\" on node \"{}\" would hold learner ranks {other} and {}; one rank per process", a.node, a.rank),
+                    ));
+                }
+            }
+        }
+        Ok(())
+    }
+
+    fn check_ports(&self, actors: &[ActorSlot]) -> Result<(), Invalid> {
+        let mut per_host: BTreeMap<&str, u32> = BTreeMap::new();
+        for key in process_keys(actors) {
+            *per_host.entry(&self.node(key.0).expect("checked node").host).or_default() += 1;
+        }
+        let master_host = actors.iter().find(|a| a.role == Role::Learner).map(|a| &self.node(&a.node).expect("checked node").host);
+        let p = self.ports;
+        for (host, &n) in &per_host {
+            let mut ranges: Vec<(&str, u32, u32)> =
+                vec![("ports.control", p.control.into(), n), ("ports.data", p.data.into(), n), ("ports.metrics", p.metrics.into(), n)];
+            if master_host.is_some_and(|m| m == host) {
+                ranges.push(("ports.master", p.master.into(), 1));
+            }
+            for (i, &(field, base, len)) in ranges.iter().enumerate() {
+                let last = base + len - 1;
+                if base == 0 || last > u16::MAX as u32 {
+                    return Err(Invalid::new(field, format!("{n} processes on host \"{host}\" need ports {base}..={last}, within 1..=65535")));
+                }
+                if let Some(&(other, ob, ol)) = ranges[..i].iter().find(|&&(_, ob, ol)| base < ob + ol && ob < base + len) {
+                    return Err(Invalid::new(
+                        field,
+                        format!("ports {base}..={last} on host \"{host}\" overlap {other} ({ob}..={})", ob + ol - 1),
+                    ));
+                }
+            }
+        }
+        Ok(())
+    }
+}
+
+/// The process each actor runs in, as `(node, process name)`, in order of first appearance.
+pub(crate) fn process_keys(actors: &[ActorSlot]) -> Vec<(&str, String)> {
+    let mut keys: Vec<(&str, String)> = Vec::new();
+    for a in actors {
+        let key = (a.node.as_str(), process_name(a));
+        if !keys.contains(&key) {
+            keys.push(key);
+        }
+    }
+    keys
+}
+
+/// The name of an actor's process on its node: the shared name, or `role-rank`.
+pub(crate) fn process_name(a: &ActorSlot) -> String {
+    a.process.clone().unwrap_or_else(|| format!("{}-{}", a.role, a.rank))
+}
+
+fn check_gpus_used_once(actors: &[ActorSlot]) -> Result<(), Invalid> {
+    let mut used: HashMap<(&str, u32), &str> = HashMap::new();
+    for a in actors {
+        if let Device::Gpu(g) = a.device {
+            if let Some(by) = used.insert((&a.node, g), &a.field) {
+                return Err(Invalid::new(format!("{}.gpus", a.field), format!("GPU {g} of node \"{}\" is already used by {by}", a.node)));
+            }
+        }
+    }
+    Ok(())
+}

@@ -1,0 +1,300 @@
+//! Every Prometheus metric of rlmesh, defined once, and the `/metrics` endpoint.
+//!
+//! Each process makes one [`Metrics`] (one registry holding every series
+//! below) and serves it with [`serve`]. The names, kinds, labels and meanings
+//! live only in the `metrics!` table of this file; [`DEFINITIONS`] and
+//! [`markdown_table`] (the README's table) are generated from it.
+//!
+//! ```
+//! let m = rlmesh_actors::metrics::Metrics::new();
+//! m.groups_trained_total.inc();
+//! let server = rlmesh_actors::metrics::serve(m.registry(), "127.0.0.1:0").unwrap();
+//! assert_ne!(server.local_addr().port(), 0);
+//! assert!(m.encode().contains("rlmesh_groups_trained_total 1"));
+//! ```
+use prometheus::{Encoder, Gauge, GaugeVec, Histogram, HistogramOpts, IntCounter, IntCounterVec, Opts, Registry, TextEncoder};
+use std::io::{self, Read, Write};
+use std::net::{Ipv4Addr, Ipv6Addr, SocketAddr, TcpListener, TcpStream, ToSocketAddrs};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use std::thread::JoinHandle;
+use std::time::Duration;
+
+/// The kind of a metric, as Prometheus names it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Kind {
+    /// Only goes up.
+    Counter,
+    /// Goes up and down.
+    Gauge,
+    /// Counts observations into buckets.
+    Histogram,
+}
+
+impl Kind {
+    /// `counter`, `gauge` or `histogram`.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Kind::Counter => "counter",
+            Kind::Gauge => "gauge",
+            Kind::Histogram => "histogram",
+        }
+    }
+}
+
+/// One metric's name, kind, labels and meaning.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Definition {
+    /// Full name, prefixed `rlmesh_`.
+    pub name: &'static str,
+    /// Its kind.
+    pub kind: Kind,
+    /// Label names (empty for a single series).
+    pub labels: &'static [&'static str],
+    /// What it measures.
+    pub help: &'static str,
+}
+
+/// How a metric type is made from its definition.
+trait Build: Sized {
+    const KIND: Kind;
+    fn build(name: &str, help: &str, labels: &[&str], buckets: Option<Vec<f64>>) -> prometheus::Result<Self>;
+}
+
+impl Build for IntCounter {
+    const KIND: Kind = Kind::Counter;
+    fn build(name: &str, help: &str, _: &[&str], _: Option<Vec<f64>>) -> prometheus::Result<Self> {
+        IntCounter::with_opts(Opts::new(name, help))
+    }
+}
+
+impl Build for IntCounterVec {
+    const KIND: Kind = Kind::Counter;
+    fn build(name: &str, help: &str, labels: &[&str], _: Option<Vec<f64>>) -> prometheus::Result<Self> {
+        IntCounterVec::new(Opts::new(name, help), labels)
+    }
+}
+
+impl Build for Gauge {
+    const KIND: Kind = Kind::Gauge;
+    fn build(name: &str, help: &str, _: &[&str], _: Option<Vec<f64>>) -> prometheus::Result<Self> {
+        Gauge::with_opts(Opts::new(name, help))
+    }
+}
+
+impl Build for GaugeVec {
+    const KIND: Kind = Kind::Gauge;
+    fn build(name: &str, help: &str, labels: &[&str], _: Option<Vec<f64>>) -> prometheus::Result<Self> {
+        GaugeVec::new(Opts::new(name, help), labels)
+    }
+}
+
+impl Build for Histogram {
+    const KIND: Kind = Kind::Histogram;
+    fn build(name: &str, help: &str, _: &[&str], buckets: Option<Vec<f64>>) -> prometheus::Result<Self> {
+        let opts = HistogramOpts::new(name, help);
+        Histogram::with_opts(match buckets {
+            Some(b) => opts.buckets(b),
+            None => opts,
+        })
+    }
+}
+
+macro_rules! metrics {
+    ($( $field:ident : $ty:ident $([$($label:literal),+])? $(buckets $buckets:expr)? => $name:literal, $help:literal; )*) => {
+        /// Every metric of one process, registered in the process's registry.
+        #[derive(Clone, Debug)]
+        pub struct Metrics {
+            registry: Registry,
+            $( #[doc = $help] pub $field: $ty, )*
+        }
+
+        /// Every metric's definition, in table order.
+        pub const DEFINITIONS: &[Definition] = &[
+            $( Definition { name: $name, kind: <$ty as Build>::KIND, labels: &[$($($label),+)?], help: $help }, )*
+        ];
+
+        impl Metrics {
+            /// A fresh registry holding every metric (zero-valued).
+            pub fn new() -> Metrics {
+                let registry = Registry::new();
+                $(
+                    let buckets: Option<Vec<f64>> = None $(.or(Some($buckets)))?;
+                    let $field = <$ty as Build>::build($name, $help, &[$($($label),+)?], buckets).expect("metric definitions are valid");
+                    registry.register(Box::new($field.clone())).expect("metric names are unique");
+                )*
+                Metrics { registry, $($field),* }
+            }
+        }
+    };
+}
+
+metrics! {
+    reward_component: GaugeVec["component"] => "rlmesh_reward_component",
+        "Mean of each reward component over the last step's rollouts, where it applies.";
+    reward_mean: GaugeVec["function"] => "rlmesh_reward_mean",
+        "Mean of each reward function over the last step's rollouts.";
+    reward_std: GaugeVec["function"] => "rlmesh_reward_std",
+        "Standard deviation of each reward function over the last step's rollouts.";
+    trajectory_success: GaugeVec["split"] => "rlmesh_trajectory_success",
+        "Share of rollouts with the right tool, arguments, execution and answer and no unnecessary or repeated call (split: train = last step, eval = held-out).";
+    final_answer_accuracy: GaugeVec["split"] => "rlmesh_final_answer_accuracy",
+        "Share of rollouts whose final answer is right.";
+    tool_call_rate: GaugeVec["split"] => "rlmesh_tool_call_rate",
+        "Share of rollouts that call at least one tool.";
+    unnecessary_tool_rate: GaugeVec["split"] => "rlmesh_unnecessary_tool_rate",
+        "Share of rollouts on no-tool tasks that call a tool.";
+    repeated_call_rate: GaugeVec["split"] => "rlmesh_repeated_call_rate",
+        "Share of rollouts that repeat a call (same tool and arguments).";
+    generated_tokens_total: IntCounterVec["actor"] => "rlmesh_generated_tokens_total",
+        "Tokens generated by each rollout actor.";
+    tokens_per_second: GaugeVec["stage"] => "rlmesh_tokens_per_second",
+        "Throughput of the last step (stage: rollout = generated, learner = trained).";
+    staleness: Histogram buckets vec![0.0, 1.0, 2.0, 3.0, 4.0, 6.0, 8.0, 16.0] => "rlmesh_staleness",
+        "Policy versions between a trained group's oldest token and the learner.";
+    policy_version: GaugeVec["actor"] => "rlmesh_policy_version",
+        "Policy version each actor holds.";
+    weight_sync_seconds: Histogram buckets prometheus::exponential_buckets(0.001, 4.0, 10).expect("valid buckets") => "rlmesh_weight_sync_seconds",
+        "Seconds to move one policy version to every rollout actor, digest checks included.";
+    learner_step: Gauge => "rlmesh_learner_step",
+        "Optimizer steps done.";
+    learner_loss: Gauge => "rlmesh_learner_loss",
+        "Policy loss of the last step.";
+    learner_kl: Gauge => "rlmesh_learner_kl",
+        "KL divergence to the reference (or behaviour) policy in the last step.";
+    learner_entropy: Gauge => "rlmesh_learner_entropy",
+        "Mean token entropy of the policy in the last step.";
+    learner_clip_fraction: Gauge => "rlmesh_learner_clip_fraction",
+        "Share of policy tokens whose importance ratio was clipped in the last step.";
+    learner_grad_norm: Gauge => "rlmesh_learner_grad_norm",
+        "Gradient norm before clipping in the last step.";
+    actor_restarts_total: IntCounterVec["actor"] => "rlmesh_actor_restarts_total",
+        "Restarts of each actor by its supervisor.";
+    groups_dispatched_total: IntCounter => "rlmesh_groups_dispatched_total",
+        "Prompt groups sent to rollout actors for the first time.";
+    groups_redispatched_total: IntCounter => "rlmesh_groups_redispatched_total",
+        "Prompt groups sent out again after their work was lost.";
+    groups_trained_total: IntCounter => "rlmesh_groups_trained_total",
+        "Prompt groups the learner trained on.";
+    groups_dropped_total: IntCounterVec["reason"] => "rlmesh_groups_dropped_total",
+        "Prompt groups dropped without training (reason: stale, failed, …).";
+}
+
+impl Default for Metrics {
+    fn default() -> Self {
+        Metrics::new()
+    }
+}
+
+impl Metrics {
+    /// The process's registry.
+    pub fn registry(&self) -> &Registry {
+        &self.registry
+    }
+
+    /// Every series in Prometheus' text format.
+    pub fn encode(&self) -> String {
+        encode(&self.registry)
+    }
+}
+
+/// The registry's series in Prometheus' text format.
+pub fn encode(registry: &Registry) -> String {
+    let mut buf = Vec::new();
+    TextEncoder::new().encode(&registry.gather(), &mut buf).expect("text encoding into memory does not fail");
+    String::from_utf8(buf).expect("the text format is UTF-8")
+}
+
+/// The README's metric table (markdown), from [`DEFINITIONS`].
+pub fn markdown_table() -> String {
+    let mut out = String::from("| metric | type | labels | meaning |\n|---|---|---|---|\n");
+    for d in DEFINITIONS {
+        let labels: Vec<String> = d.labels.iter().map(|l| format!("`{l}`")).collect();
+        out.push_str(&format!("| `{}` | {} | {} | {} |\n", d.name, d.kind.as_str(), labels.join(", "), d.help));
+    }
+    out
+}
+
+/// A running `/metrics` endpoint; dropping it stops the server thread.
+#[derive(Debug)]
+pub struct MetricsServer {
+    addr: SocketAddr,
+    stop: Arc<AtomicBool>,
+    thread: Option<JoinHandle<()>>,
+}
+
+impl MetricsServer {
+    /// The bound address (the real port when asked for port 0).
+    pub fn local_addr(&self) -> SocketAddr {
+        self.addr
+    }
+}
+
+impl Drop for MetricsServer {
+    fn drop(&mut self) {
+        self.stop.store(true, Ordering::SeqCst);
+        // Wake the blocking accept.
+        let mut wake = self.addr;
+        if wake.ip().is_unspecified() {
+            wake.set_ip(if wake.is_ipv4() { Ipv4Addr::LOCALHOST.into() } else { Ipv6Addr::LOCALHOST.into() });
+        }
+        let _ = TcpStream::connect_timeout(&wake, Duration::from_secs(1));
+        if let Some(t) = self.thread.take() {
+            let _ = t.join();
+        }
+    }
+}
+
+/// Serves `registry` as `GET /metrics` on `addr` (port 0: an ephemeral port) from a thread of its own.
+pub fn serve(registry: &Registry, addr: impl ToSocketAddrs) -> io::Result<MetricsServer> {
+    let listener = TcpListener::bind(addr)?;
+    let addr = listener.local_addr()?;
+    let stop = Arc::new(AtomicBool::new(false));
+    let registry = registry.clone();
+    let thread = std::thread::Builder::new().name("rlmesh-metrics".to_string()).spawn({
+        let stop = stop.clone();
+        move || {
+            for conn in listener.incoming() {
+                if stop.load(Ordering::SeqCst) {
+                    break;
+                }
+                if let Ok(stream) = conn {
+                    // A client that misbehaves only loses its own response.
+                    let _ = respond(stream, &registry);
+                }
+            }
+        }
+    })?;
+    Ok(MetricsServer { addr, stop, thread: Some(thread) })
+}
+
+/// Longest request head read.
+const MAX_REQUEST: usize = 8 * 1024;
+
+/// Reads one request head and answers it: the series for `GET /metrics`, 404 or 405 otherwise.
+fn respond(mut stream: TcpStream, registry: &Registry) -> io::Result<()> {
+    stream.set_read_timeout(Some(Duration::from_secs(2)))?;
+    stream.set_write_timeout(Some(Duration::from_secs(5)))?;
+    let mut head = Vec::new();
+    let mut chunk = [0u8; 1024];
+    while !head.windows(4).any(|w| w == b"\r\n\r\n") && head.len() < MAX_REQUEST {
+        let n = stream.read(&mut chunk)?;
+        if n == 0 {
+            break;
+        }
+        head.extend_from_slice(&chunk[..n]);
+    }
+    let head = String::from_utf8_lossy(&head);
+    let mut parts = head.lines().next().unwrap_or("").split_whitespace();
+    let (method, target) = (parts.next().unwrap_or(""), parts.next().unwrap_or(""));
+    let path = target.split('?').next().unwrap_or("");
+    let (status, content_type, body) = match (method, path) {
+        ("GET", "/metrics") => ("200 OK", "text/plain; version=0.0.4; charset=utf-8", encode(registry)),
+        ("GET", _) => ("404 Not Found", "text/plain; charset=utf-8", "not found; try /metrics\n".to_string()),
+        _ => ("405 Method Not Allowed", "text/plain; charset=utf-8", "only GET\n".to_string()),
+    };
+    let response =
+        format!("HTTP/1.1 {status}\r\nContent-Type: {content_type}\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}", body.len());
+    stream.write_all(response.as_bytes())?;
+    stream.flush()
+}

@@ -1,0 +1,292 @@
+//! Topology and recipe files: the committed ones parse and plan as intended;
+//! bad ones give errors naming the file, line and field.
+use rlmesh_actors::controller::plan::{plan, Backend, Plan, WeightTransport};
+use rlmesh_actors::controller::recipe::{EstimatorKind, Recipe, RewardKind};
+use rlmesh_actors::controller::staleness::Mode;
+use rlmesh_actors::controller::topology::{Device, Role, Topology};
+use std::collections::HashSet;
+use std::path::PathBuf;
+
+fn repo(path: &str) -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("..").join(path)
+}
+
+fn read(path: &str) -> String {
+    std::fs::read_to_string(repo(path)).unwrap()
+}
+
+/// 1-based line of the first line containing `needle`.
+fn line(text: &str, needle: &str) -> usize {
+    text.lines().position(|l| l.contains(needle)).unwrap_or_else(|| panic!("{needle:?} not in text")) + 1
+}
+
+/// Replaces `from` (which must occur) by `to`.
+fn edit(text: &str, from: &str, to: &str) -> String {
+    assert!(text.contains(from), "{from:?} not in text");
+    text.replacen(from, to, 1)
+}
+
+fn topology_error(text: &str) -> String {
+    Topology::parse("deploy/bad.toml", text).unwrap_err().to_string()
+}
+
+fn recipe_error(text: &str) -> String {
+    Recipe::parse("configs/bad.toml", text).unwrap_err().to_string()
+}
+
+fn env<'a>(plan: &'a Plan, process: &str, key: &str) -> &'a str {
+    let p = plan.processes.iter().find(|p| p.name == process).unwrap_or_else(|| panic!("no process {process}"));
+    p.env.get(key).unwrap_or_else(|| panic!("{process} has no {key}"))
+}
+
+#[test]
+fn local_topology_puts_every_actor_in_one_cpu_process() {
+    let t = Topology::load(&repo("deploy/local.toml")).unwrap();
+    let p = plan(&t);
+    assert_eq!(p.processes.len(), 1);
+    let main = &p.processes[0];
+    assert_eq!(main.name, "local/main");
+    let roles: Vec<Role> = main.actors.iter().map(|a| a.role).collect();
+    assert_eq!(roles, [Role::Controller, Role::Rollout, Role::Reward, Role::Learner, Role::WeightSync]);
+    assert!(main.actors.iter().all(|a| a.device == Device::Cpu));
+    assert_eq!((main.ports.control, main.ports.data, main.ports.metrics), (29500, 29600, 9100));
+    assert_eq!(p.learner_backend, Backend::Cpu);
+    assert_eq!(p.weight_transport, WeightTransport::DataPlane);
+    assert_eq!(env(&p, "local/main", "CUDA_VISIBLE_DEVICES"), "");
+    assert_eq!(env(&p, "local/main", "RLMESH_RANK"), "0");
+    assert_eq!(env(&p, "local/main", "RLMESH_WORLD_SIZE"), "1");
+    assert_eq!(env(&p, "local/main", "RLMESH_MASTER_ADDR"), "127.0.0.1");
+    assert_eq!(env(&p, "local/main", "RLMESH_CONTROLLER_ADDR"), "127.0.0.1:29500");
+}
+
+#[test]
+fn dev_2gpu_topology_generates_on_gpu0_and_trains_on_gpu1() {
+    let t = Topology::load(&repo("deploy/dev-2gpu.toml")).unwrap();
+    let p = plan(&t);
+    let names: Vec<&str> = p.processes.iter().map(|p| p.name.as_str()).collect();
+    assert_eq!(names, ["dev/main", "dev/rollout-0", "dev/learner-0"]);
+    let rollout = &p.processes[1];
+    assert_eq!(rollout.actors.len(), 1);
+    assert_eq!((rollout.actors[0].role, rollout.actors[0].device), (Role::Rollout, Device::Gpu(0)));
+    let learner = &p.processes[2];
+    assert_eq!((learner.actors[0].role, learner.actors[0].device), (Role::Learner, Device::Gpu(1)));
+    assert_eq!(env(&p, "dev/rollout-0", "CUDA_VISIBLE_DEVICES"), "0");
+    assert_eq!(env(&p, "dev/learner-0", "CUDA_VISIBLE_DEVICES"), "1");
+    assert_eq!(env(&p, "dev/main", "CUDA_VISIBLE_DEVICES"), "");
+    assert!(!p.processes[1].env.contains_key("RLMESH_RANK"), "only learners get a data-parallel rank");
+    // Reward actors run on the CPU inside the controller's process.
+    assert_eq!(p.processes[0].actors.iter().filter(|a| a.role == Role::Reward && a.device == Device::Cpu).count(), 2);
+    let controls: Vec<u16> = p.processes.iter().map(|p| p.ports.control).collect();
+    assert_eq!(controls, [29500, 29501, 29502]);
+    assert_eq!((p.learner_backend, p.weight_transport), (Backend::Nccl, WeightTransport::Nccl));
+}
+
+#[test]
+fn h100x32_topology_places_16_rollout_gpus_16_learner_ranks_and_cpu_rewards() {
+    let t = Topology::load(&repo("deploy/h100x32.toml")).unwrap();
+    let p = plan(&t);
+    assert_eq!(p.processes.len(), 1 + 16 + 2 + 16);
+    let actors: Vec<(&str, &rlmesh_actors::controller::plan::Actor)> =
+        p.processes.iter().flat_map(|pr| pr.actors.iter().map(move |a| (pr.node.as_str(), a))).collect();
+    let of = |role: Role| actors.iter().filter(move |(_, a)| a.role == role);
+
+    let rollout_gpus: HashSet<(&str, Device)> = of(Role::Rollout).map(|(n, a)| (*n, a.device)).collect();
+    assert_eq!(rollout_gpus.len(), 16);
+    assert!(rollout_gpus.iter().all(|(n, d)| ["n0", "n1"].contains(n) && *d != Device::Cpu));
+
+    let learner_gpus: HashSet<(&str, Device)> = of(Role::Learner).map(|(n, a)| (*n, a.device)).collect();
+    assert_eq!(learner_gpus.len(), 16);
+    assert!(learner_gpus.iter().all(|(n, _)| ["n2", "n3"].contains(n)));
+    let mut ranks: Vec<u32> = of(Role::Learner).map(|(_, a)| a.rank).collect();
+    ranks.sort_unstable();
+    assert_eq!(ranks, (0..16).collect::<Vec<_>>());
+    assert_eq!(p.world_size, 16);
+
+    assert_eq!(of(Role::Reward).count(), 16);
+    assert!(of(Role::Reward).all(|(_, a)| a.device == Device::Cpu));
+
+    // One GPU and one rank per learner process, rank 0 on n2 is the master.
+    for pr in p.processes_with(Role::Learner) {
+        let a = &pr.actors[0];
+        assert_eq!(pr.actors.len(), 1);
+        let Device::Gpu(g) = a.device else { panic!("learner on CPU") };
+        assert_eq!(pr.env["CUDA_VISIBLE_DEVICES"], g.to_string());
+        assert_eq!(pr.env["RLMESH_RANK"], a.rank.to_string());
+        assert_eq!(pr.env["RLMESH_WORLD_SIZE"], "16");
+        assert_eq!(pr.env["RLMESH_MASTER_ADDR"], "10.0.0.12");
+        assert_eq!(pr.env["RLMESH_MASTER_PORT"], "29400");
+        assert_eq!(pr.env["RLMESH_DIST_BACKEND"], "nccl");
+    }
+    assert_eq!(p.master, "10.0.0.12:29400");
+    assert_eq!(p.controller, "10.0.0.10:29500");
+
+    // Ports are unique per host.
+    let mut seen = HashSet::new();
+    for pr in &p.processes {
+        for port in [pr.ports.control, pr.ports.data, pr.ports.metrics] {
+            assert!(seen.insert((pr.host.clone(), port)), "{} reuses port {port}", pr.name);
+        }
+    }
+
+    // JSON round trip and table.
+    let json = serde_json::to_string(&p).unwrap();
+    assert_eq!(serde_json::from_str::<Plan>(&json).unwrap(), p);
+    let table = p.table();
+    assert!(table.starts_with("topology h100x32: 4 node(s), 35 process(es), learner world size 16 (nccl backend"), "{table}");
+    assert_eq!(table.lines().count(), 2 + 1 + 16 + 16 + 16 + 1, "summary, header, one row per actor");
+    assert!(table.lines().any(|l| l.split_whitespace().collect::<Vec<_>>() == ["n2/learner-0", "10.0.0.12", "learner", "0", "gpu:0", "29500", "29600", "9100"]), "{table}");
+}
+
+#[test]
+fn topology_ranks_that_do_not_match_the_devices_are_refused_at_the_ranks_line() {
+    let text = edit(&read("deploy/h100x32.toml"), "ranks = 16", "ranks = 20");
+    assert_eq!(
+        topology_error(&text),
+        format!(
+            "deploy/bad.toml:{}: field \"learner.ranks\": 20 ranks need 20 learner devices, the placement gives 16 (node \"n2\": 8, node \"n3\": 8)",
+            line(&text, "ranks = 20")
+        )
+    );
+}
+
+#[test]
+fn topology_gpu_beyond_the_node_is_refused_with_its_placement_field() {
+    let text = edit(&read("deploy/dev-2gpu.toml"), "gpus = [1] }", "gpus = [2] }");
+    assert_eq!(
+        topology_error(&text),
+        format!(
+            "deploy/bad.toml:{}: field \"learner.placement[0].gpus\": GPU 2 is beyond node \"dev\", which has 2 (0..=1)",
+            line(&text, "gpus = [2]")
+        )
+    );
+    let text = edit(&read("deploy/local.toml"), "actors = 1, process = \"main\" }]\n\n[reward]", "gpus = [0] }]\n\n[reward]");
+    assert!(topology_error(&text).ends_with("field \"rollout.placement[0].gpus\": GPU 0 is beyond node \"local\", which has no GPUs"));
+}
+
+#[test]
+fn topology_gpu_used_by_two_actors_is_refused() {
+    let text = edit(&read("deploy/dev-2gpu.toml"), "gpus = [1] }", "gpus = [0] }");
+    assert_eq!(
+        topology_error(&text),
+        format!(
+            "deploy/bad.toml:{}: field \"learner.placement[0].gpus\": GPU 0 of node \"dev\" is already used by rollout.placement[0]",
+            line(&text, "ranks = 1") + 1
+        )
+    );
+}
+
+#[test]
+fn topology_overlapping_ports_are_refused() {
+    // Three processes on the host: control uses 29500..=29502, so data at 29502 collides.
+    let text = edit(&read("deploy/dev-2gpu.toml"), "data = 29600", "data = 29502");
+    assert_eq!(
+        topology_error(&text),
+        format!(
+            "deploy/bad.toml:{}: field \"ports.data\": ports 29502..=29504 on host \"127.0.0.1\" overlap ports.control (29500..=29502)",
+            line(&text, "data = 29502")
+        )
+    );
+    let text = edit(&read("deploy/dev-2gpu.toml"), "master = 29400", "master = 9101");
+    assert!(topology_error(&text).contains("field \"ports.master\": ports 9101..=9101 on host \"127.0.0.1\" overlap ports.metrics (9100..=9102)"));
+}
+
+#[test]
+fn topology_unknown_fields_nodes_types_and_syntax_are_located() {
+    let base = read("deploy/dev-2gpu.toml");
+
+    let text = edit(&base, "ranks = 1", "rank = 1");
+    let err = topology_error(&text);
+    assert!(err.starts_with(&format!("deploy/bad.toml:{}: field \"learner.rank\": unknown field `rank`", line(&text, "rank = 1"))), "{err}");
+
+    let text = edit(&base, "[controller]\nnode = \"dev\"", "[controller]\nnode = \"dev9\"");
+    assert_eq!(
+        topology_error(&text),
+        format!("deploy/bad.toml:{}: field \"controller.node\": unknown node \"dev9\" (nodes: dev)", line(&text, "\"dev9\""))
+    );
+
+    let text = edit(&base, "gpus = 2", "gpus = \"two\"");
+    let err = topology_error(&text);
+    assert!(err.starts_with(&format!("deploy/bad.toml:{}: field \"nodes[0].gpus\": invalid type: string \"two\"", line(&text, "\"two\""))), "{err}");
+
+    let text = edit(&base, "host = \"127.0.0.1\"\n", "");
+    let err = topology_error(&text);
+    assert_eq!(err, format!("deploy/bad.toml:{}: field \"nodes[0].host\": required field is missing", line(&text, "[[nodes]]")));
+
+    let text = edit(&base, "placement = [{ node = \"dev\", gpus = [0] }]", "placement = [{ node = \"dev\", gpus = [0], tp = 2 }]");
+    let err = topology_error(&text);
+    assert!(err.starts_with(&format!("deploy/bad.toml:{}: field \"rollout.placement[0].tp\": unknown field `tp`", line(&text, "tp = 2"))), "{err}");
+
+    let text = edit(&base, "metrics = 9100", "metrics = ");
+    let err = topology_error(&text);
+    assert!(err.starts_with(&format!("deploy/bad.toml:{}: ", line(&text, "metrics = "))), "{err}");
+}
+
+#[test]
+fn topology_missing_file_names_the_file() {
+    let err = Topology::load(&repo("deploy/no-such.toml")).unwrap_err().to_string();
+    assert!(err.contains("deploy/no-such.toml: "), "{err}");
+}
+
+#[test]
+fn recipes_differ_only_in_the_reward() {
+    let process = Recipe::load(&repo("configs/calculator-process.toml")).unwrap();
+    let final_only = Recipe::load(&repo("configs/calculator-final-only.toml")).unwrap();
+    assert_eq!(process.name, "calculator-process");
+    assert_eq!(final_only.name, "calculator-final-only");
+    assert_eq!((process.reward, final_only.reward), (RewardKind::Process, RewardKind::FinalOnly));
+    let same = Recipe { name: process.name.clone(), reward: process.reward, ..final_only.clone() };
+    assert_eq!(same, process);
+
+    assert!(process.tiny_model());
+    assert_eq!(process.estimator.name, EstimatorKind::Grpo);
+    assert_eq!(process.mode(), Mode::OneStepOff);
+    assert!(process.tasks.held_out >= 100);
+    let (train, held_out) = process.tasks().unwrap();
+    assert_eq!((train.len(), held_out.len()), (process.tasks.size, process.tasks.held_out));
+    let train_prompts: HashSet<&str> = train.iter().map(|t| t.prompt.as_str()).collect();
+    assert!(held_out.iter().all(|t| !train_prompts.contains(t.prompt.as_str())), "held-out tasks are never trained on");
+    assert!(held_out.iter().any(|t| t.requires_tool) && held_out.iter().any(|t| !t.requires_tool));
+}
+
+#[test]
+fn recipe_defaults_fill_everything_but_the_reward_and_task_count() {
+    let r = Recipe::parse("configs/mini.toml", "reward = \"process\"\n[tasks]\nsize = 10\n").unwrap();
+    assert_eq!(r.name, "mini");
+    assert_eq!(r.tools, ["calculator"]);
+    assert_eq!(r.model.path, "tiny");
+    assert_eq!((r.tasks.held_out, r.tasks.tool_fraction), (200, 0.5));
+    assert_eq!((r.rl.group_size, r.rl.groups_per_step, r.rl.max_turns), (8, 8, 4));
+    assert_eq!(r.mode(), Mode::OneStepOff);
+    assert_eq!(r.sft.steps, 0);
+    let r = Recipe::parse("x.toml", "reward = \"final_only\"\n[tasks]\nsize = 10\n[rl]\nmode = \"async\"\nmax_staleness = 3\n").unwrap();
+    assert_eq!(r.mode(), Mode::Async { max_staleness: 3 });
+    let r = Recipe::parse("x.toml", "reward = \"process\"\n[tasks]\nsize = 10\n[rl]\nmode = \"sync\"\n").unwrap();
+    assert_eq!(r.mode(), Mode::Sync);
+}
+
+#[test]
+fn recipe_errors_name_the_file_line_and_field() {
+    let base = read("configs/calculator-process.toml");
+    let cases: [(&str, &str, &str, &str); 8] = [
+        ("held_out = 200", "held_out = 50", "held_out = 50", "field \"tasks.held_out\": must be at least 100, got 50"),
+        ("temperature = 1.0", "temprature = 1.0", "temprature", "field \"rl.temprature\": unknown field `temprature`"),
+        ("mode = \"one_step_off\"", "mode = \"sync\"\nmax_staleness = 2", "max_staleness = 2", "field \"rl.max_staleness\": mode \"sync\" means 0, got 2"),
+        ("reward = \"process\"", "reward = \"final\"", "reward = \"final\"", "field \"reward\": unknown variant `final`"),
+        ("correct = 0.6", "correct = 0.5", "[sft.mix]", "field \"sft.mix\": shares must sum to 1, they sum to 0.9"),
+        ("name = \"grpo\"", "name = \"dr_grpo\"", "scale_rewards", "field \"estimator.scale_rewards\": dr_grpo does not scale rewards: only \"none\""),
+        ("tools = [\"calculator\"]", "tools = [\"calculator\", \"abacus\"]", "abacus", "field \"tools[1]\": unknown tool \"abacus\" (known: calculator, inventory)"),
+        ("group_size = 8", "group_size = 1", "group_size = 1", "field \"rl.group_size\": must be at least 2, got 1"),
+    ];
+    for (from, to, at, expected) in cases {
+        let text = edit(&base, from, to);
+        let err = recipe_error(&text);
+        let want = format!("configs/bad.toml:{}: {expected}", line(&text, at));
+        assert!(err.starts_with(&want), "edit {from:?} → {to:?}:\n got  {err}\n want {want}");
+    }
+    let text = edit(&base, "reward = \"process\"", "");
+    let err = recipe_error(&text);
+    assert!(err.starts_with("configs/bad.toml:1: field \"reward\": required field is missing"), "{err}");
+    let text = edit(&base, "lr = 1e-4", "lr = \"fast\"");
+    let err = recipe_error(&text);
+    assert!(err.starts_with(&format!("configs/bad.toml:{}: field \"rl.lr\": invalid type: string \"fast\"", line(&text, "\"fast\""))), "{err}");
+}
