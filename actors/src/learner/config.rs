@@ -1,0 +1,189 @@
+//! The learner's hyper-parameters (serde: a recipe's `[learner]` table).
+use super::error::{LearnerError, Result};
+use super::loss::{Aggregation, ClipParams, KlEstimator};
+use serde::{Deserialize, Serialize};
+
+/// How the learning rate evolves after warm-up.
+#[derive(Clone, Copy, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case", tag = "kind")]
+pub enum LrSchedule {
+    /// Constant after warm-up.
+    Constant,
+    /// Cosine decay to 0 at `total_steps` optimizer steps (transformers' `get_cosine_schedule_with_warmup`).
+    Cosine {
+        /// Total optimizer steps of the run.
+        total_steps: u64,
+    },
+}
+
+/// The KL coefficient β: fixed, or TRL's adaptive controller.
+#[derive(Clone, Copy, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case", tag = "kind")]
+pub enum KlCoef {
+    /// A fixed β.
+    Fixed {
+        /// β.
+        beta: f64,
+    },
+    /// β adapted after every train step toward a target KL (StepTool: init 0.3, target 6).
+    Adaptive {
+        /// Initial β.
+        init: f64,
+        /// Target KL per sequence.
+        target: f64,
+        /// Horizon in sequences (TRL default 10000).
+        horizon: f64,
+    },
+}
+
+/// Where the KL to the reference enters.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum KlPlacement {
+    /// `+ β·KL` per token in the loss (GRPO).
+    Loss,
+    /// In the reward, before GAE (StepTool): the learner only measures it and adapts β.
+    Reward,
+}
+
+/// The KL-to-reference term.
+#[derive(Clone, Copy, Debug, PartialEq, Serialize, Deserialize)]
+pub struct KlConfig {
+    /// Estimator of the per-token KL.
+    pub estimator: KlEstimator,
+    /// The coefficient β.
+    pub coef: KlCoef,
+    /// Loss or reward.
+    pub placement: KlPlacement,
+}
+
+/// The value head and clipped value loss (StepTool).
+#[derive(Clone, Copy, Debug, PartialEq, Serialize, Deserialize)]
+pub struct ValueConfig {
+    /// Value clip range around the rollout-time values.
+    pub clip: f64,
+    /// Coefficient of the value loss.
+    pub coef: f64,
+}
+
+impl Default for ValueConfig {
+    fn default() -> Self {
+        ValueConfig { clip: 0.2, coef: 0.1 }
+    }
+}
+
+/// AdamW hyper-parameters (torch.optim.AdamW semantics; no decay on biases and norms).
+#[derive(Clone, Copy, Debug, PartialEq, Serialize, Deserialize)]
+pub struct AdamWConfig {
+    /// Peak learning rate.
+    pub lr: f64,
+    /// β₁.
+    pub beta1: f64,
+    /// β₂.
+    pub beta2: f64,
+    /// ε.
+    pub eps: f64,
+    /// Decoupled weight decay (matrices only).
+    pub weight_decay: f64,
+}
+
+impl Default for AdamWConfig {
+    fn default() -> Self {
+        AdamWConfig { lr: 1e-6, beta1: 0.9, beta2: 0.999, eps: 1e-8, weight_decay: 0.0 }
+    }
+}
+
+/// Everything the learner needs to know.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(default)]
+pub struct LearnerConfig {
+    /// Optimiser.
+    pub optim: AdamWConfig,
+    /// Warm-up optimizer steps (linear from 0).
+    pub warmup_steps: u64,
+    /// Schedule after warm-up.
+    pub schedule: LrSchedule,
+    /// Gradient-norm clip (None: no clipping).
+    pub max_grad_norm: Option<f64>,
+    /// Sequences per micro-batch (per rank): gradients are accumulated over micro-batches.
+    pub micro_batch_size: usize,
+    /// Optimizer steps per epoch over a batch (the batch is split into this many mini-batches).
+    pub mini_batches: usize,
+    /// Passes over each batch (PPO epochs).
+    pub ppo_epochs: usize,
+    /// PPO clip.
+    pub clip: ClipParams,
+    /// Loss aggregation mode.
+    pub aggregation: Aggregation,
+    /// `max_completion_length` for `dr_grpo`.
+    pub max_completion_length: usize,
+    /// Entropy bonus coefficient (the loss gets `− coef · H`).
+    pub entropy_coef: f64,
+    /// KL to the frozen reference (None: no KL).
+    pub kl: Option<KlConfig>,
+    /// Value head and clipped value loss (None: critic-free).
+    pub value: Option<ValueConfig>,
+    /// Seed of the learner's generator (mini-batch shuffling; the value head's initialisation).
+    pub seed: u64,
+    /// Gradient all-reduce bucket size in bytes.
+    pub bucket_bytes: usize,
+    /// Checkpoints kept on disk.
+    pub keep_checkpoints: usize,
+}
+
+impl Default for LearnerConfig {
+    fn default() -> Self {
+        LearnerConfig {
+            optim: AdamWConfig::default(),
+            warmup_steps: 0,
+            schedule: LrSchedule::Constant,
+            max_grad_norm: Some(1.0),
+            micro_batch_size: 4,
+            mini_batches: 1,
+            ppo_epochs: 1,
+            clip: ClipParams::default(),
+            aggregation: Aggregation::Grpo,
+            max_completion_length: 0,
+            entropy_coef: 0.0,
+            kl: None,
+            value: None,
+            seed: 0,
+            bucket_bytes: rlmesh_comm::DEFAULT_BUCKET_BYTES,
+            keep_checkpoints: 3,
+        }
+    }
+}
+
+impl LearnerConfig {
+    /// Checks the fields that can be wrong on their own.
+    pub fn validate(&self) -> Result<()> {
+        let bad = |field, message: &str| Err(LearnerError::Config { field, message: message.to_string() });
+        if self.micro_batch_size == 0 {
+            return bad("micro_batch_size", "must be at least 1");
+        }
+        if self.mini_batches == 0 {
+            return bad("mini_batches", "must be at least 1");
+        }
+        if self.ppo_epochs == 0 {
+            return bad("ppo_epochs", "must be at least 1");
+        }
+        if self.aggregation == Aggregation::DrGrpo && self.max_completion_length == 0 {
+            return bad("max_completion_length", "dr_grpo needs max_completion_length > 0");
+        }
+        if !(self.clip.eps_low >= 0.0 && self.clip.eps_low < 1.0 && self.clip.eps_high >= 0.0) {
+            return bad("clip", "needs 0 ≤ eps_low < 1 and eps_high ≥ 0");
+        }
+        if self.clip.dual_clip.is_some_and(|c| c <= 1.0) {
+            return bad("clip.dual_clip", "must be > 1");
+        }
+        if self.bucket_bytes < 4 {
+            return bad("bucket_bytes", "must hold at least one float");
+        }
+        if let Some(KlConfig { coef: KlCoef::Adaptive { target, horizon, .. }, .. }) = self.kl {
+            if target <= 0.0 || horizon <= 0.0 {
+                return bad("kl.coef", "adaptive target and horizon must be > 0");
+            }
+        }
+        Ok(())
+    }
+}

@@ -1,0 +1,110 @@
+//! Data-parallel ranks: the gradient all-reduce in flat buckets, small
+//! collectives for batch totals and statistics, and the parameter digest.
+//!
+//! On CPU the buffers are host memory handed to the collective in place (the
+//! CPU ring); on CUDA they are device pointers (`data_ptr`) enqueued on the
+//! legacy default stream, the stream libtorch computes on (NCCL), so no copy
+//! to the host is made.
+use super::error::Result;
+use rlmesh_comm::{Buf, Collective, DType, ReduceOp};
+use tch::{Device, Kind, Tensor};
+
+/// A communicator plus the device whose memory it reduces.
+pub(crate) struct DataParallel {
+    comm: Box<dyn Collective>,
+    device: Device,
+}
+
+impl DataParallel {
+    pub(crate) fn new(comm: Box<dyn Collective>, device: Device) -> Self {
+        DataParallel { comm, device }
+    }
+
+    pub(crate) fn rank(&self) -> usize {
+        self.comm.rank()
+    }
+
+    pub(crate) fn world(&self) -> usize {
+        self.comm.world_size()
+    }
+
+    /// Sums a flat contiguous float32 tensor across ranks, in place, in buckets of `bucket_bytes`.
+    pub(crate) fn all_reduce_flat(&mut self, flat: &Tensor, bucket_bytes: usize) -> Result<()> {
+        assert!(flat.kind() == Kind::Float && flat.is_contiguous() && flat.device() == self.device, "flat float32 buffer on the learner's device");
+        let total = flat.numel();
+        let per_bucket = (bucket_bytes / 4).max(1);
+        let base = flat.data_ptr() as *mut f32;
+        let mut off = 0;
+        while off < total {
+            let len = per_bucket.min(total - off);
+            // SAFETY: `flat` is a contiguous float32 tensor of `total` elements that
+            // outlives the call, and nothing else touches it meanwhile; on CUDA the
+            // collective is enqueued on the default stream that libtorch also uses.
+            let buf = unsafe {
+                let ptr = base.add(off);
+                match self.device {
+                    Device::Cpu => Buf::host(std::slice::from_raw_parts_mut(ptr, len)),
+                    _ => Buf::cuda(ptr as *mut std::ffi::c_void, len, DType::F32, std::ptr::null_mut()),
+                }
+            };
+            self.comm.all_reduce(buf, ReduceOp::Sum)?;
+            off += len;
+        }
+        Ok(())
+    }
+
+    /// Sums a few host numbers across ranks.
+    pub(crate) fn sum(&mut self, data: &mut [f64]) -> Result<()> {
+        self.small(data, |comm, buf| comm.all_reduce(buf, ReduceOp::Sum))
+    }
+
+    /// Every rank's copy of `data` (same length on every rank), by rank.
+    pub(crate) fn gather(&mut self, data: &[f64]) -> Result<Vec<Vec<f64>>> {
+        let (m, world, rank) = (data.len(), self.world(), self.rank());
+        let mut all = vec![0.0; m * world];
+        all[rank * m..(rank + 1) * m].copy_from_slice(data);
+        self.small(&mut all, |comm, buf| comm.all_gather(buf))?;
+        Ok(all.chunks(m.max(1)).map(<[f64]>::to_vec).collect())
+    }
+
+    fn small(&mut self, data: &mut [f64], op: impl FnOnce(&mut dyn Collective, Buf<'_>) -> rlmesh_comm::Result<()>) -> Result<()> {
+        if self.device == Device::Cpu {
+            return Ok(op(self.comm.as_mut(), Buf::host(data))?);
+        }
+        let t = Tensor::from_slice(data).to_device(self.device);
+        // SAFETY: a fresh contiguous f64 device tensor of `data.len()` elements, alive until copied back.
+        let buf = unsafe { Buf::cuda(t.data_ptr(), data.len(), DType::F64, std::ptr::null_mut()) };
+        op(self.comm.as_mut(), buf)?;
+        t.to_device(Device::Cpu).f_copy_data(data, data.len())?;
+        Ok(())
+    }
+}
+
+/// Mixes bytes into a 64-bit hash, eight at a time (fast; not cryptographic).
+pub(crate) fn hash_bytes(mut h: u64, bytes: &[u8]) -> u64 {
+    let mut words = bytes.chunks_exact(8);
+    for w in &mut words {
+        h = (h ^ u64::from_le_bytes(w.try_into().expect("8 bytes"))).wrapping_mul(0x9E37_79B9_7F4A_7C15);
+        h ^= h >> 29;
+    }
+    for &b in words.remainder() {
+        h = (h ^ b as u64).wrapping_mul(0x0000_0100_0000_01B3);
+    }
+    h ^ (bytes.len() as u64).wrapping_mul(0xBF58_476D_1CE4_E5B9)
+}
+
+/// Digest of named tensors: names, shapes, dtypes and every byte, in the given order.
+pub fn digest_tensors(named: &[(String, Tensor)]) -> Result<u64> {
+    let mut h = 0xCBF2_9CE4_8422_2325u64;
+    let mut bytes = Vec::new();
+    for (name, t) in named {
+        h = hash_bytes(h, name.as_bytes());
+        h = hash_bytes(h, format!("{:?}{:?}", t.size(), t.kind()).as_bytes());
+        let host = t.to_device(Device::Cpu).contiguous();
+        let n = host.numel() * host.kind().elt_size_in_bytes();
+        bytes.resize(n, 0);
+        host.f_copy_data_u8(&mut bytes, host.numel())?;
+        h = hash_bytes(h, &bytes);
+    }
+    Ok(h)
+}

@@ -1,0 +1,517 @@
+//! [`Learner`]: one data-parallel rank's model, optimiser and training steps.
+use super::batch::{MicroBatch, SftBatch, TrainBatch};
+use super::config::{KlCoef, KlPlacement, LearnerConfig};
+use super::error::{LearnerError, Result};
+use super::loss::{self, Aggregation, BatchTotals};
+use super::optim::{next_lr, AdamW, ParamSet};
+use super::parallel::{digest_tensors, DataParallel};
+use super::value::ValueHead;
+use rlmesh_comm::Collective;
+use rlmesh_model::transformer::{causal_mask, positions_from_valid, Batch};
+use rlmesh_model::Transformer;
+use serde::{Deserialize, Serialize};
+use std::time::Instant;
+use tch::{Kind, Tensor};
+
+/// Importance-ratio statistics over the masked tokens.
+#[derive(Clone, Copy, Debug, PartialEq, Serialize, Deserialize)]
+pub struct RatioStats {
+    /// Mean ratio.
+    pub mean: f64,
+    /// Smallest ratio.
+    pub min: f64,
+    /// Largest ratio.
+    pub max: f64,
+}
+
+/// What one [`Learner::train_step`] or [`Learner::sft_step`] did, over all ranks.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct StepStats {
+    /// The objective (all terms), averaged over the optimizer steps of the call.
+    pub loss: f64,
+    /// The policy-gradient (or SFT cross-entropy) term alone, averaged likewise.
+    pub policy_loss: f64,
+    /// The value loss (before its coefficient), when a value head is trained.
+    pub value_loss: Option<f64>,
+    /// Mean per-token KL to the reference, when configured.
+    pub kl: Option<f64>,
+    /// β used in this step (before the adaptive update), when KL is configured.
+    pub kl_coef: Option<f64>,
+    /// Mean per-token entropy of the policy on masked tokens.
+    pub entropy: f64,
+    /// Share of masked tokens where the PPO clip cut the gradient (policy steps only).
+    pub clip_fraction: Option<f64>,
+    /// Importance-ratio statistics (policy steps only).
+    pub ratio: Option<RatioStats>,
+    /// Gradient norm before clipping, averaged over the optimizer steps.
+    pub grad_norm: f64,
+    /// Learning rate of the last optimizer step.
+    pub lr: f64,
+    /// Optimizer steps taken by this call.
+    pub optimizer_steps: u64,
+    /// Sequences in the batch, over all ranks.
+    pub sequences: usize,
+    /// Tokens processed (forward and backward, all epochs, all ranks).
+    pub tokens: usize,
+    /// `tokens` per second of wall time.
+    pub tokens_per_s: f64,
+    /// Wall time of the call in seconds.
+    pub seconds: f64,
+}
+
+/// What a step optimises.
+#[derive(Clone, Copy)]
+enum Objective<'a> {
+    Policy(&'a TrainBatch),
+    Sft(&'a SftBatch),
+}
+
+impl Objective<'_> {
+    fn len(&self) -> usize {
+        match self {
+            Objective::Policy(b) => b.sequences.len(),
+            Objective::Sft(b) => b.sequences.len(),
+        }
+    }
+    fn masked(&self, i: usize) -> usize {
+        let m = match self {
+            Objective::Policy(b) => &b.sequences[i].loss_mask,
+            Objective::Sft(b) => &b.sequences[i].loss_mask,
+        };
+        m.iter().map(|&x| x as usize).sum()
+    }
+    fn micro(&self, idx: &[usize], device: tch::Device) -> MicroBatch {
+        match self {
+            Objective::Policy(b) => MicroBatch::train(b, idx, device),
+            Objective::Sft(b) => MicroBatch::sft(b, idx, device),
+        }
+    }
+}
+
+/// Per-optimizer-step sums, reduced across ranks (sums, then min, max).
+#[derive(Clone, Copy, Default)]
+struct Sums {
+    loss: f64,
+    policy: f64,
+    value: f64,
+    kl: f64,
+    entropy: f64,
+    clipped: f64,
+    ratio: f64,
+    masked: f64,
+    tokens: f64,
+    ratio_min: f64,
+    ratio_max: f64,
+}
+
+impl Sums {
+    const LEN: usize = 11;
+    fn new() -> Sums {
+        Sums { ratio_min: f64::INFINITY, ratio_max: f64::NEG_INFINITY, ..Default::default() }
+    }
+    fn to_vec(self) -> Vec<f64> {
+        vec![self.loss, self.policy, self.value, self.kl, self.entropy, self.clipped, self.ratio, self.masked, self.tokens, self.ratio_min, self.ratio_max]
+    }
+    fn from_slice(v: &[f64]) -> Sums {
+        Sums {
+            loss: v[0],
+            policy: v[1],
+            value: v[2],
+            kl: v[3],
+            entropy: v[4],
+            clipped: v[5],
+            ratio: v[6],
+            masked: v[7],
+            tokens: v[8],
+            ratio_min: v[9],
+            ratio_max: v[10],
+        }
+    }
+    fn merge(&mut self, o: &Sums) {
+        self.loss += o.loss;
+        self.policy += o.policy;
+        self.value += o.value;
+        self.kl += o.kl;
+        self.entropy += o.entropy;
+        self.clipped += o.clipped;
+        self.ratio += o.ratio;
+        self.masked += o.masked;
+        self.tokens += o.tokens;
+        self.ratio_min = self.ratio_min.min(o.ratio_min);
+        self.ratio_max = self.ratio_max.max(o.ratio_max);
+    }
+}
+
+/// Outputs of one forward pass over a micro-batch, aligned with the predicted tokens `[B, T−1]`.
+struct Forward {
+    logp: Tensor,
+    entropy: Tensor,
+    values: Option<Tensor>,
+}
+
+/// The splitmix64 generator: the learner's only randomness (mini-batch shuffling).
+pub(crate) fn splitmix(state: &mut u64) -> u64 {
+    *state = state.wrapping_add(0x9E37_79B9_7F4A_7C15);
+    let mut z = *state;
+    z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+    z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+    z ^ (z >> 31)
+}
+
+/// A seeded permutation of `0..n` (Fisher–Yates).
+fn permutation(n: usize, seed: u64) -> Vec<usize> {
+    let mut s = seed;
+    let mut p: Vec<usize> = (0..n).collect();
+    for i in (1..n).rev() {
+        p.swap(i, (splitmix(&mut s) % (i as u64 + 1)) as usize);
+    }
+    p
+}
+
+/// One learner rank: the policy, its optional value head and reference, AdamW, and the collective.
+pub struct Learner {
+    pub(crate) model: Transformer,
+    lm_head: Tensor,
+    reference: Option<Transformer>,
+    pub(crate) value_head: Option<ValueHead>,
+    pub(crate) config: LearnerConfig,
+    pub(crate) params: ParamSet,
+    pub(crate) optim: AdamW,
+    dp: Option<DataParallel>,
+    pub(crate) kl_coef: f64,
+    pub(crate) rng: u64,
+    pub(crate) train_steps: u64,
+}
+
+impl Learner {
+    /// A learner training `model` (its `VarStore` is the set of trained
+    /// parameters); `comm` joins the data-parallel ranks, whose parameters
+    /// are checked to be identical here already.
+    pub fn new(model: Transformer, config: LearnerConfig, comm: Option<Box<dyn Collective>>) -> Result<Learner> {
+        config.validate()?;
+        let device = model.device();
+        let vars = model.vs.variables();
+        let lm_head = vars.get("lm_head.weight").or_else(|| vars.get("model.embed_tokens.weight")).map(Tensor::shallow_clone).ok_or(
+            LearnerError::Config { field: "model", message: "the model has neither lm_head.weight nor model.embed_tokens.weight".into() },
+        )?;
+        let value_head = config.value.map(|_| ValueHead::new(model.config.hidden_size, device));
+        let mut named: Vec<(String, Tensor)> = vars.into_iter().collect();
+        named.sort_by(|a, b| a.0.cmp(&b.0));
+        if let Some(v) = &value_head {
+            named.extend(v.named());
+        }
+        let params = ParamSet::new(named, device);
+        let optim = AdamW::new(&params, config.optim);
+        let kl_coef = match config.kl.map(|k| k.coef) {
+            Some(KlCoef::Fixed { beta }) => beta,
+            Some(KlCoef::Adaptive { init, .. }) => init,
+            None => 0.0,
+        };
+        let mut learner = Learner {
+            model,
+            lm_head,
+            reference: None,
+            value_head,
+            rng: config.seed,
+            config,
+            params,
+            optim,
+            dp: comm.map(|c| DataParallel::new(c, device)),
+            kl_coef,
+            train_steps: 0,
+        };
+        learner.verify_digest()?;
+        Ok(learner)
+    }
+
+    /// Sets the frozen reference policy used for KL when a batch carries no reference log-probs.
+    pub fn set_reference(&mut self, mut reference: Transformer) {
+        reference.vs.freeze();
+        self.reference = Some(reference);
+    }
+
+    /// The policy being trained.
+    pub fn model(&self) -> &Transformer {
+        &self.model
+    }
+
+    /// The configuration.
+    pub fn config(&self) -> &LearnerConfig {
+        &self.config
+    }
+
+    /// The current KL coefficient β (None without KL).
+    pub fn kl_coef(&self) -> Option<f64> {
+        self.config.kl.map(|_| self.kl_coef)
+    }
+
+    /// Optimizer steps taken so far.
+    pub fn optimizer_steps(&self) -> u64 {
+        self.optim.step
+    }
+
+    /// Train (or SFT) steps taken so far.
+    pub fn train_steps(&self) -> u64 {
+        self.train_steps
+    }
+
+    /// This rank and the number of ranks.
+    pub fn rank(&self) -> (usize, usize) {
+        self.dp.as_ref().map(|d| (d.rank(), d.world())).unwrap_or((0, 1))
+    }
+
+    /// The gradients of the last optimizer step (all-reduced and clipped), by parameter name.
+    pub fn gradients(&self) -> Vec<(String, Tensor)> {
+        (0..self.params.names.len()).map(|i| (self.params.names[i].clone(), self.params.view(&self.params.grads, i).detach().copy())).collect()
+    }
+
+    /// A digest of every trained parameter (policy and value head): equal across ranks after every step.
+    pub fn parameter_digest(&self) -> Result<u64> {
+        digest_tensors(&self.params.named())
+    }
+
+    /// One policy-gradient step on this rank's share of a batch: `ppo_epochs`
+    /// passes, each split into `mini_batches` optimizer steps, each
+    /// accumulated over micro-batches of `micro_batch_size` sequences.
+    pub fn train_step(&mut self, batch: &TrainBatch) -> Result<StepStats> {
+        batch.validate(self.model.config.vocab_size, self.config.value.is_some())?;
+        if self.config.kl.is_some() && self.reference.is_none() {
+            if let Some(i) = batch.sequences.iter().position(|s| s.ref_logprobs.is_none()) {
+                return Err(LearnerError::Batch {
+                    index: i,
+                    field: "ref_logprobs",
+                    message: "missing, and the learner has no reference model to compute them".into(),
+                });
+            }
+        }
+        let (stats, kl_per_sequence) = self.run(Objective::Policy(batch), self.config.ppo_epochs, self.config.mini_batches)?;
+        if let Some(KlCoef::Adaptive { target, horizon, .. }) = self.config.kl.map(|k| k.coef) {
+            // TRL's controller takes the KL summed over a sequence's tokens, averaged over sequences.
+            let mut ctl = loss::AdaptiveKl { value: self.kl_coef, target, horizon };
+            ctl.update(kl_per_sequence, stats.sequences as f64);
+            self.kl_coef = ctl.value;
+        }
+        Ok(stats)
+    }
+
+    /// One supervised step: cross-entropy on the masked tokens (token mean over the batch), one optimizer step.
+    pub fn sft_step(&mut self, batch: &SftBatch) -> Result<StepStats> {
+        batch.validate(self.model.config.vocab_size)?;
+        Ok(self.run(Objective::Sft(batch), 1, 1)?.0)
+    }
+
+    /// Value-head outputs for each token of each sequence (element `i` is the value before token `i`; 0 for token 0).
+    pub fn values(&self, seqs: &[Vec<u32>]) -> Result<Vec<Vec<f32>>> {
+        let head = self.value_head.as_ref().ok_or(LearnerError::Config { field: "value", message: "the learner has no value head".into() })?;
+        self.per_token(seqs, |ids, valid| {
+            let h = self.model.hidden_states(&model_batch(ids, valid), None)?;
+            let t = h.size()[1];
+            Ok(head.forward(&h.narrow(1, 0, t - 1)))
+        })
+    }
+
+    /// Reference-policy log-probs for each token (element `i` is log P(token i | ..i); 0 for token 0).
+    pub fn reference_logprobs(&self, seqs: &[Vec<u32>]) -> Result<Vec<Vec<f32>>> {
+        let r = self.reference.as_ref().ok_or(LearnerError::Config { field: "kl", message: "the learner has no reference model".into() })?;
+        self.per_token(seqs, |ids, valid| Ok(r.token_logprobs(ids, valid)?))
+    }
+
+    fn per_token(&self, seqs: &[Vec<u32>], f: impl Fn(&Tensor, &Tensor) -> Result<Tensor>) -> Result<Vec<Vec<f32>>> {
+        let mut out = Vec::with_capacity(seqs.len());
+        for chunk in seqs.chunks(self.config.micro_batch_size) {
+            let p = super::batch::Padder::new(chunk.iter().map(Vec::len), self.model.device());
+            let (ids, valid) = p.ids(chunk.iter().map(Vec::as_slice));
+            let v = tch::no_grad(|| f(&ids, &valid))?.to_device(tch::Device::Cpu).to_kind(Kind::Float).contiguous();
+            let w = v.size()[1] as usize;
+            let flat = Vec::<f32>::try_from(v.view([-1]))?;
+            for (r, s) in chunk.iter().enumerate() {
+                let mut row = vec![0.0f32; s.len()];
+                for j in 1..s.len() {
+                    row[j] = flat[r * w + j - 1];
+                }
+                out.push(row);
+            }
+        }
+        Ok(out)
+    }
+
+    /// The optimizer steps of one call: its statistics and the KL summed per sequence, averaged over sequences.
+    fn run(&mut self, obj: Objective<'_>, epochs: usize, mini_batches: usize) -> Result<(StepStats, f64)> {
+        let start = Instant::now();
+        let n = obj.len();
+        let mut total = Sums::new();
+        let (mut grad_norm, mut lr, mut steps, mut sequences) = (0.0, 0.0, 0u64, 0.0);
+        for _ in 0..epochs {
+            let order = permutation(n, splitmix(&mut self.rng));
+            for j in 0..mini_batches {
+                let idx = &order[j * n / mini_batches..(j + 1) * n / mini_batches];
+                let (sums, norm, step_lr, seqs) = self.optimizer_step(obj, idx)?;
+                total.merge(&sums);
+                grad_norm += norm;
+                lr = step_lr;
+                sequences += seqs;
+                steps += 1;
+            }
+        }
+        self.train_steps += 1;
+        let seconds = start.elapsed().as_secs_f64();
+        let k = steps as f64;
+        let masked = total.masked.max(1.0);
+        let policy = matches!(obj, Objective::Policy(_));
+        let stats = StepStats {
+            loss: total.loss / k,
+            policy_loss: total.policy / k,
+            value_loss: (policy && self.value_head.is_some()).then(|| total.value / k),
+            kl: (policy && self.config.kl.is_some()).then(|| total.kl / masked),
+            kl_coef: (policy && self.config.kl.is_some()).then_some(self.kl_coef),
+            entropy: total.entropy / masked,
+            clip_fraction: policy.then(|| total.clipped / masked),
+            ratio: policy.then(|| RatioStats { mean: total.ratio / masked, min: total.ratio_min, max: total.ratio_max }),
+            grad_norm: grad_norm / k,
+            lr,
+            optimizer_steps: steps,
+            sequences: (sequences / epochs as f64).round() as usize,
+            tokens: total.tokens as usize,
+            tokens_per_s: total.tokens / seconds.max(1e-9),
+            seconds,
+        };
+        Ok((stats, total.kl / sequences.max(1.0)))
+    }
+
+    /// One optimizer step over local sequences `idx`: (global sums, grad norm, lr, global sequences).
+    fn optimizer_step(&mut self, obj: Objective<'_>, idx: &[usize]) -> Result<(Sums, f64, f64, f64)> {
+        let mut counts = [idx.len() as f64, idx.iter().map(|&i| obj.masked(i) as f64).sum()];
+        if let Some(dp) = &mut self.dp {
+            dp.sum(&mut counts)?;
+        }
+        let totals = BatchTotals { sequences: counts[0], tokens: counts[1], max_completion_length: self.config.max_completion_length as f64 };
+        self.params.zero_grads();
+        let mut sums = Sums::new();
+        let device = self.model.device();
+        for micro in idx.chunks(self.config.micro_batch_size) {
+            let mb = obj.micro(micro, device);
+            let loss = self.micro_loss(&mb, matches!(obj, Objective::Policy(_)), &totals, &mut sums)?;
+            loss.f_backward()?;
+            self.params.accumulate_grads();
+        }
+        if let Some(dp) = &mut self.dp {
+            dp.all_reduce_flat(&self.params.grads, self.config.bucket_bytes)?;
+        }
+        let norm = self.params.grads.norm().double_value(&[]);
+        if let Some(max) = self.config.max_grad_norm {
+            let coef = max / (norm + 1e-6);
+            if coef < 1.0 {
+                let _ = self.params.grads.g_mul_scalar_(coef);
+            }
+        }
+        let lr = next_lr(&self.config, self.optim.step);
+        self.optim.update(&self.params, lr);
+        if self.dp.is_some() {
+            sums = self.reduce_and_verify(sums)?;
+        }
+        Ok((sums, norm, lr, counts[0]))
+    }
+
+    /// Combines the step's sums over ranks and checks every rank's parameter digest.
+    fn reduce_and_verify(&mut self, sums: Sums) -> Result<Sums> {
+        let digest = self.parameter_digest()?;
+        let mut local = sums.to_vec();
+        local.extend([(digest >> 32) as f64, (digest & 0xFFFF_FFFF) as f64]);
+        let all = self.dp.as_mut().expect("data-parallel").gather(&local)?;
+        let digests: Vec<u64> = all.iter().map(|v| ((v[Sums::LEN] as u64) << 32) | v[Sums::LEN + 1] as u64).collect();
+        if digests.iter().any(|&d| d != digests[0]) {
+            return Err(LearnerError::DigestMismatch { step: self.optim.step, digests });
+        }
+        let mut out = Sums::new();
+        for v in &all {
+            out.merge(&Sums::from_slice(&v[..Sums::LEN]));
+        }
+        Ok(out)
+    }
+
+    /// Checks that every rank holds the same parameters (a no-op on one rank).
+    fn verify_digest(&mut self) -> Result<()> {
+        if self.dp.as_ref().is_none_or(|d| d.world() == 1) {
+            return Ok(());
+        }
+        let digest = self.parameter_digest()?;
+        let all = self.dp.as_mut().expect("data-parallel").gather(&[(digest >> 32) as f64, (digest & 0xFFFF_FFFF) as f64])?;
+        let digests: Vec<u64> = all.iter().map(|v| ((v[0] as u64) << 32) | v[1] as u64).collect();
+        if digests.iter().any(|&d| d != digests[0]) {
+            return Err(LearnerError::DigestMismatch { step: self.optim.step, digests });
+        }
+        Ok(())
+    }
+
+    fn forward(&self, mb: &MicroBatch, entropy_grad: bool) -> Result<Forward> {
+        let h = self.model.hidden_states(&model_batch(&mb.ids, &mb.valid), None)?;
+        let t = h.size()[1];
+        let h = h.narrow(1, 0, t - 1);
+        let lp = h.linear::<Tensor>(&self.lm_head, None).to_kind(Kind::Float).log_softmax(-1, Kind::Float);
+        let logp = lp.gather(-1, &mb.ids.narrow(1, 1, t - 1).unsqueeze(-1), false).squeeze_dim(-1);
+        let entropy = if entropy_grad { loss::entropy(&lp) } else { tch::no_grad(|| loss::entropy(&lp)) };
+        let values = self.value_head.as_ref().map(|v| v.forward(&h));
+        Ok(Forward { logp, entropy, values })
+    }
+
+    /// The micro-batch's share of the objective (`Σ w·l`), adding its statistics to `sums`.
+    fn micro_loss(&self, mb: &MicroBatch, policy: bool, totals: &BatchTotals, sums: &mut Sums) -> Result<Tensor> {
+        let cfg = &self.config;
+        let f = self.forward(mb, policy && cfg.entropy_coef != 0.0)?;
+        let m = &mb.mask;
+        let scalar = |t: &Tensor| t.double_value(&[]);
+        sums.masked += scalar(&m.sum(Kind::Float));
+        sums.tokens += mb.tokens as f64;
+        sums.entropy += scalar(&(&f.entropy * m).sum(Kind::Float).detach());
+        if !policy {
+            let w = loss::token_weights(m, Aggregation::Bnpo, totals);
+            let total = (-&f.logp * w).sum(Kind::Float);
+            let v = scalar(&total.detach());
+            sums.loss += v;
+            sums.policy += v;
+            return Ok(total);
+        }
+        let w = loss::token_weights(m, cfg.aggregation, totals);
+        let terms = loss::ppo_clip(&f.logp, mb.behaviour.as_ref().expect("policy batch"), mb.advantages.as_ref().expect("policy batch"), &cfg.clip);
+        let pg = (&terms.loss * &w).sum(Kind::Float);
+        sums.policy += scalar(&pg.detach());
+        let mut total = pg;
+        if let Some(kl) = cfg.kl {
+            let reference = match &mb.ref_logprobs {
+                Some(r) => r.shallow_clone(),
+                None => {
+                    let r = self.reference.as_ref().expect("checked in train_step");
+                    tch::no_grad(|| r.token_logprobs(&mb.ids, &mb.valid))?
+                }
+            };
+            let k = loss::kl_penalty(&f.logp, &reference, kl.estimator);
+            sums.kl += scalar(&(&k * m).sum(Kind::Float).detach());
+            if kl.placement == KlPlacement::Loss && self.kl_coef != 0.0 {
+                total = total + (&k * &w).sum(Kind::Float) * self.kl_coef;
+            }
+        }
+        if cfg.entropy_coef != 0.0 {
+            total = total - (&f.entropy * &w).sum(Kind::Float) * cfg.entropy_coef;
+        }
+        if let (Some(vc), Some(pred)) = (cfg.value, &f.values) {
+            let (vl, _) = loss::clipped_value_loss(pred, mb.values.as_ref().expect("validated"), mb.returns.as_ref().expect("validated"), vc.clip);
+            let v = (&vl * &w).sum(Kind::Float);
+            sums.value += scalar(&v.detach());
+            total = total + v * vc.coef;
+        }
+        let ratio = terms.ratio.detach();
+        sums.ratio += scalar(&(&ratio * m).sum(Kind::Float));
+        sums.clipped += scalar(&(terms.clipped.to_kind(Kind::Float) * m).sum(Kind::Float));
+        let on_mask = ratio.masked_select(&m.gt(0.0));
+        if on_mask.numel() > 0 {
+            sums.ratio_min = sums.ratio_min.min(scalar(&on_mask.min()));
+            sums.ratio_max = sums.ratio_max.max(scalar(&on_mask.max()));
+        }
+        sums.loss += scalar(&total.detach());
+        Ok(total)
+    }
+}
+
+fn model_batch(ids: &Tensor, valid: &Tensor) -> Batch {
+    Batch { ids: ids.shallow_clone(), positions: positions_from_valid(valid), mask: causal_mask(valid) }
+}

@@ -1,0 +1,113 @@
+//! Fixtures for the learner tests: tiny random models made in Rust and saved
+//! as transformers directories, deterministic batches, the PyTorch oracle.
+#![allow(dead_code)]
+use rlmesh_actors::learner::{SftBatch, SftSequence, TrainBatch, TrainSequence};
+use rlmesh_model::{ModelConfig, Transformer};
+use serde_json::{json, Value};
+use std::path::{Path, PathBuf};
+use tch::{Device, Kind, Tensor};
+
+/// The repository root.
+pub fn repo() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).parent().unwrap().to_path_buf()
+}
+
+/// The project's Python (PyTorch 2.11, transformers).
+pub fn python() -> PathBuf {
+    std::env::var_os("RLMESH_PYTHON").map(PathBuf::from).unwrap_or_else(|| repo().join("scripts/py"))
+}
+
+/// `tests/oracle/loss_oracle.py`.
+pub fn oracle_script() -> PathBuf {
+    repo().join("tests/oracle/loss_oracle.py")
+}
+
+/// Vocabulary of the tiny models.
+pub const VOCAB: i64 = 96;
+
+/// A tiny Qwen2 (tied embeddings, q/k/v biases) with seeded random weights, saved under `dir/name`.
+pub fn tiny_model(dir: &Path, name: &str, seed: i64) -> PathBuf {
+    let cfg = json!({
+        "architectures": ["Qwen2ForCausalLM"], "model_type": "qwen2", "vocab_size": VOCAB, "hidden_size": 32,
+        "intermediate_size": 64, "num_hidden_layers": 2, "num_attention_heads": 4, "num_key_value_heads": 2,
+        "max_position_embeddings": 128, "rms_norm_eps": 1e-6, "rope_theta": 10000.0, "tie_word_embeddings": true,
+        "bos_token_id": 1, "eos_token_id": 2, "pad_token_id": 2, "hidden_act": "silu", "dtype": "float32"
+    });
+    let config = ModelConfig::from_json(cfg, Path::new("tiny")).unwrap();
+    tch::manual_seed(seed);
+    let model = Transformer::new(config, Device::Cpu, Kind::Float);
+    // Larger than the default 0.02 so that the policy is far from uniform.
+    tch::no_grad(|| {
+        for (name, mut v) in model.vs.variables() {
+            if !name.contains("norm") {
+                let _ = v.g_mul_scalar_(4.0);
+            }
+        }
+    });
+    let out = dir.join(name);
+    model.save(&out, None).unwrap();
+    out
+}
+
+/// splitmix64 stream of floats in [0, 1).
+pub struct Rng(pub u64);
+
+impl Rng {
+    pub fn next(&mut self) -> f64 {
+        self.0 = self.0.wrapping_add(0x9E37_79B9_7F4A_7C15);
+        let mut z = self.0;
+        z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+        z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+        ((z ^ (z >> 31)) >> 11) as f64 / (1u64 << 53) as f64
+    }
+}
+
+/// A policy-gradient batch: varied lengths, a prompt, a masked-out tool result in the middle,
+/// behaviour/ref log-probs near the tiny model's, values and returns.
+pub fn policy_batch(n: usize, seed: u64) -> TrainBatch {
+    let mut r = Rng(seed);
+    let sequences = (0..n)
+        .map(|i| {
+            let len = 10 + (i * 3) % 9;
+            let token_ids: Vec<u32> = (0..len).map(|_| 3 + (r.next() * (VOCAB - 3) as f64) as u32).collect();
+            let loss_mask: Vec<u8> = (0..len).map(|j| (j >= 4 && !(7..9).contains(&j)) as u8).collect();
+            let adv = (r.next() * 2.0 - 1.0) as f32;
+            let mut f = |lo: f64, hi: f64| -> Vec<f32> { (0..len).map(|_| (lo + r.next() * (hi - lo)) as f32).collect() };
+            TrainSequence {
+                advantages: loss_mask.iter().map(|&m| m as f32 * adv).collect(),
+                behaviour_logprobs: f(-5.5, -3.5),
+                ref_logprobs: Some(f(-5.5, -3.5)),
+                values: Some(f(-0.3, 0.3)),
+                returns: Some(f(-1.0, 1.0)),
+                token_ids,
+                loss_mask,
+            }
+        })
+        .collect();
+    TrainBatch { sequences }
+}
+
+/// A fixed SFT dataset: counting sequences (`a, a+k, a+2k, …` mod the vocabulary) after a 2-token prompt.
+pub fn sft_batch(n: usize, len: usize) -> SftBatch {
+    let sequences = (0..n)
+        .map(|i| {
+            let (a, k) = (3 + 7 * i as u32, 1 + (i as u32 % 3));
+            let token_ids: Vec<u32> = (0..len as u32).map(|j| 3 + (a + k * j) % (VOCAB as u32 - 3)).collect();
+            let loss_mask = (0..len).map(|j| (j >= 2) as u8).collect();
+            SftSequence { token_ids, loss_mask }
+        })
+        .collect();
+    SftBatch { sequences }
+}
+
+/// Largest absolute difference between two tensors.
+pub fn max_diff(a: &Tensor, b: &Tensor) -> f64 {
+    (a.to_kind(Kind::Double) - b.to_kind(Kind::Double)).abs().max().double_value(&[])
+}
+
+/// A `[rows, cols]` float64 tensor from JSON nested arrays.
+pub fn tensor2(v: &Value) -> Tensor {
+    let rows: Vec<Vec<f64>> = serde_json::from_value(v.clone()).unwrap();
+    let cols = rows[0].len() as i64;
+    Tensor::from_slice(&rows.concat()).view([rows.len() as i64, cols])
+}

@@ -1,0 +1,112 @@
+//! Data-parallel learner ranks in separate processes (CPU ring over loopback):
+//! 2 and 3 ranks on shares of each batch end with the same parameters as one
+//! rank on the whole batch, their digests agree after every step, and ranks
+//! whose parameters differ stop with a digest-mismatch error.
+mod learner_common;
+
+use learner_common::*;
+use rlmesh_actors::learner::rank::{JobBatches, RankJob, RankStep};
+use rlmesh_actors::learner::*;
+use rlmesh_comm::testing::{free_loopback_addr, run_ranks, RankOutput, WorkerCommand};
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+use tch::Tensor;
+
+fn job(model: &Path, out: Option<PathBuf>) -> RankJob {
+    RankJob {
+        model: model.to_path_buf(),
+        config: LearnerConfig {
+            // Adam turns float-level differences of tiny gradient components into
+            // differences of up to lr per step: a small lr keeps the comparison sharp.
+            optim: AdamWConfig { lr: 1e-4, ..Default::default() },
+            micro_batch_size: 2,
+            entropy_coef: 0.01,
+            kl: Some(KlConfig { estimator: KlEstimator::K3, coef: KlCoef::Fixed { beta: 0.04 }, placement: KlPlacement::Loss }),
+            ..Default::default()
+        },
+        batches: JobBatches::Train((0..3).map(|i| policy_batch(6, 10 + i)).collect()),
+        steps: 3,
+        checkpoint_dir: None,
+        resume: false,
+        out_dir: out,
+        threads: 1,
+    }
+}
+
+fn run(dir: &Path, world: usize, jobs: &[RankJob]) -> Vec<RankOutput> {
+    let paths: Vec<PathBuf> = jobs
+        .iter()
+        .enumerate()
+        .map(|(r, j)| {
+            let p = dir.join(format!("job-w{world}-r{r}.json"));
+            std::fs::write(&p, serde_json::to_vec(j).unwrap()).unwrap();
+            p
+        })
+        .collect();
+    let addr = free_loopback_addr();
+    let cmd = WorkerCommand::new(env!("CARGO_BIN_EXE_rlmesh-learner-rank"));
+    run_ranks(&cmd, world, Duration::from_secs(90), |r| {
+        vec![paths[r.min(paths.len() - 1)].display().to_string(), "--rank".into(), r.to_string(), "--world".into(), world.to_string(), "--addr".into(), addr.clone()]
+    })
+    .unwrap()
+}
+
+fn steps(o: &RankOutput) -> Vec<RankStep> {
+    assert!(o.success(), "rank {} failed: {}", o.rank, o.stderr);
+    o.stdout.lines().map(|l| serde_json::from_str(l).unwrap()).collect()
+}
+
+#[test]
+fn two_and_three_ranks_match_one_rank_on_the_combined_batch() {
+    let dir = tempfile::tempdir().unwrap();
+    let model = tiny_model(dir.path(), "m", 21);
+    let mut reference: Option<(Vec<RankStep>, Vec<(String, Tensor)>)> = None;
+    for world in [1usize, 2, 3] {
+        let out = dir.path().join(format!("out{world}"));
+        let outputs = run(dir.path(), world, &[job(&model, Some(out.clone()))]);
+        let per_rank: Vec<Vec<RankStep>> = outputs.iter().map(steps).collect();
+        for r in 1..world {
+            assert_eq!(per_rank[r], per_rank[0], "world {world}: rank {r}'s steps (digests) differ from rank 0's");
+        }
+        let read = |r: usize| {
+            let mut v = Tensor::read_safetensors(out.join(format!("rank{r}.safetensors"))).unwrap();
+            v.sort_by(|a, b| a.0.cmp(&b.0));
+            v
+        };
+        let params = read(0);
+        for r in 1..world {
+            let other = read(r);
+            for ((n, a), (m, b)) in params.iter().zip(&other) {
+                assert_eq!(n, m);
+                assert!(a.equal(b), "world {world}: rank {r} parameter {n} is not bit-identical to rank 0's");
+            }
+        }
+        match &reference {
+            None => reference = Some((per_rank[0].clone(), params)),
+            Some((ref_steps, ref_params)) => {
+                for (a, b) in per_rank[0].iter().zip(ref_steps) {
+                    assert!((a.loss - b.loss).abs() < 1e-5, "world {world} step {}: loss {} vs one rank {}", a.step, a.loss, b.loss);
+                }
+                let mut worst = 0.0f64;
+                for (n, p) in &params {
+                    let q = &ref_params.iter().find(|(m, _)| m == n).unwrap().1;
+                    worst = worst.max(max_diff(p, q));
+                }
+                eprintln!("world {world}: max |Δ parameter| vs one rank = {worst:e}");
+                assert!(worst < 5e-6, "world {world}: parameters differ from one rank's by {worst}");
+            }
+        }
+    }
+}
+
+#[test]
+fn ranks_with_different_parameters_stop_with_a_digest_mismatch() {
+    let dir = tempfile::tempdir().unwrap();
+    let a = tiny_model(dir.path(), "a", 1);
+    let b = tiny_model(dir.path(), "b", 2);
+    let outputs = run(dir.path(), 2, &[job(&a, None), job(&b, None)]);
+    for o in &outputs {
+        assert!(!o.success(), "rank {} should have failed", o.rank);
+        assert!(o.stderr.contains("parameter digest mismatch") && o.stderr.contains("rank 0") && o.stderr.contains("rank 1"), "rank {}: {}", o.rank, o.stderr);
+    }
+}
