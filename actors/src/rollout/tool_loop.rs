@@ -1,0 +1,134 @@
+//! The batched tool loop: one `generate` call per turn over every live rollout.
+use super::conversation::Conversation;
+use super::{RolloutConfig, RolloutError};
+use rlmesh_core::tools::{ParsedCall, ToolRegistry};
+use rlmesh_core::{Group, Step, Task, Trajectory};
+use rlmesh_model::{SamplingParams, Tokenizer, Transformer};
+
+/// Samples `cfg.group_size` trajectories for each `(group id, task)`, every
+/// generated token stamped with policy `version`; groups come back in the order of `tasks`.
+pub fn rollout_groups(
+    model: &Transformer,
+    tokenizer: &Tokenizer,
+    registry: &ToolRegistry,
+    tasks: &[(u64, Task)],
+    cfg: &RolloutConfig,
+    version: u64,
+    seed: u64,
+) -> Result<Vec<Group>, RolloutError> {
+    let all: Vec<&Task> = tasks.iter().map(|(_, t)| t).collect();
+    let mut trajectories = rollouts(model, tokenizer, registry, &all, cfg, version, seed)?.into_iter();
+    Ok(tasks
+        .iter()
+        .map(|(group_id, task)| Group { group_id: *group_id, task: task.clone(), trajectories: trajectories.by_ref().take(cfg.group_size).collect() })
+        .collect())
+}
+
+/// Runs the tool loop once on a user prompt (what `launcher chat` shows),
+/// whatever `cfg.group_size`; the tokens carry policy version 0.
+pub fn chat(
+    model: &Transformer,
+    tokenizer: &Tokenizer,
+    registry: &ToolRegistry,
+    prompt: &str,
+    cfg: &RolloutConfig,
+    seed: u64,
+) -> Result<Trajectory, RolloutError> {
+    let task = Task {
+        id: "chat".into(),
+        prompt: prompt.into(),
+        requires_tool: false,
+        allowed_tools: vec![],
+        gold_tool_calls: vec![],
+        expected_answer: None,
+        environment: None,
+        env_state: None,
+    };
+    let cfg = RolloutConfig { group_size: 1, ..cfg.clone() };
+    let mut out = rollouts(model, tokenizer, registry, &[&task], &cfg, 0, seed)?;
+    Ok(out.pop().expect("one task with group size 1 gives one trajectory"))
+}
+
+/// `cfg.group_size` rollouts of each task, task-major.
+fn rollouts(
+    model: &Transformer,
+    tokenizer: &Tokenizer,
+    registry: &ToolRegistry,
+    tasks: &[&Task],
+    cfg: &RolloutConfig,
+    version: u64,
+    seed: u64,
+) -> Result<Vec<Trajectory>, RolloutError> {
+    cfg.validate()?;
+    let stop_ids = match cfg.sampling.stop_token_ids.is_empty() {
+        true => tokenizer.stop_token_ids().to_vec(),
+        false => cfg.sampling.stop_token_ids.clone(),
+    };
+    if stop_ids.is_empty() {
+        return Err(RolloutError::NoStopToken);
+    }
+    let mut convs = Vec::with_capacity(tasks.len() * cfg.group_size);
+    for task in tasks {
+        for sample in 0..cfg.group_size {
+            convs.push(Conversation::open(tokenizer, registry, task, sample, cfg.system_prompt.as_deref())?);
+        }
+    }
+    let context = usize::try_from(model.config.max_position_embeddings).unwrap_or(usize::MAX);
+    for turn in 1..=cfg.max_turns {
+        // Who generates this turn, and how many tokens each may take.
+        let mut live = Vec::new();
+        for (i, c) in convs.iter_mut().enumerate() {
+            if c.stop.is_some() {
+                continue;
+            }
+            match c.room(cfg.max_tokens, context) {
+                0 => c.stop = Some(rlmesh_core::StopReason::TokenBudget),
+                room => live.push((i, room.min(cfg.sampling.max_new_tokens))),
+            }
+        }
+        let Some(longest) = live.iter().map(|&(_, limit)| limit).max() else { break };
+        let params = SamplingParams {
+            max_new_tokens: longest,
+            seed: turn_seed(seed, turn),
+            stop_token_ids: stop_ids.clone(),
+            ..cfg.sampling.clone()
+        };
+        let prefixes: Vec<Vec<u32>> = live.iter().map(|&(i, _)| convs[i].ids().to_vec()).collect();
+        let completions = model
+            .generate(&prefixes, &params, Some(tokenizer))
+            .map_err(|source| RolloutError::Generate { turn, rollouts: live.len(), source })?;
+        let mut pending: Vec<Option<Vec<ParsedCall>>> = (0..convs.len()).map(|_| None).collect();
+        for (&(i, limit), completion) in live.iter().zip(completions) {
+            pending[i] = convs[i].record_turn(completion, limit, version, tokenizer)?;
+        }
+        let steps = execute_concurrently(&mut convs, pending);
+        for (c, steps) in convs.iter_mut().zip(steps) {
+            if let Some(steps) = steps {
+                let room = c.room(cfg.max_tokens, context);
+                c.append_results(steps, tokenizer, &stop_ids, cfg.max_turns, room)?;
+            }
+        }
+    }
+    convs.into_iter().map(|c| c.finish(tokenizer)).collect()
+}
+
+/// Executes each rollout's pending calls, the rollouts side by side (a
+/// rollout's own calls run in order).
+fn execute_concurrently(convs: &mut [Conversation], pending: Vec<Option<Vec<ParsedCall>>>) -> Vec<Option<Vec<Step>>> {
+    std::thread::scope(|scope| {
+        let running: Vec<_> = convs
+            .iter_mut()
+            .zip(pending)
+            .map(|(c, calls)| calls.map(|calls| scope.spawn(move || c.execute(&calls))))
+            .collect();
+        running.into_iter().map(|h| h.map(|h| h.join().unwrap_or_else(|panic| std::panic::resume_unwind(panic)))).collect()
+    })
+}
+
+/// The sampler seed of one turn (splitmix64 of the rollout seed and the turn).
+fn turn_seed(seed: u64, turn: usize) -> u64 {
+    let mut z = seed.wrapping_add((turn as u64).wrapping_mul(0x9E37_79B9_7F4A_7C15));
+    z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+    z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+    z ^ (z >> 31)
+}
