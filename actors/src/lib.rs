@@ -24,4 +24,5 @@ pub mod learner;
 pub mod metrics;
 pub mod reward;
 pub mod rollout;
+pub mod warmup;
 pub mod weight_sync;

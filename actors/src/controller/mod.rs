@@ -7,6 +7,7 @@
 //! - [`ledger`] — the durable record that trains every prompt group exactly once;
 //! - [`staleness`] — which scored groups the learner may train on, per mode;
 //! - [`source`] — TOML loading whose errors name the file, line and field.
+pub mod init;
 pub mod ledger;
 pub mod plan;
 pub mod recipe;

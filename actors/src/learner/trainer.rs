@@ -445,11 +445,21 @@ impl Learner {
 
     fn forward(&self, mb: &MicroBatch, entropy_grad: bool) -> Result<Forward> {
         let h = self.model.hidden_states(&model_batch(&mb.ids, &mb.valid), None)?;
-        let t = h.size()[1];
+        let (b, t, width) = h.size3()?;
         let h = h.narrow(1, 0, t - 1);
-        let lp = h.linear::<Tensor>(&self.lm_head, None).to_kind(Kind::Float).log_softmax(-1, Kind::Float);
-        let logp = lp.gather(-1, &mb.ids.narrow(1, 1, t - 1).unsqueeze(-1), false).squeeze_dim(-1);
-        let entropy = if entropy_grad { loss::entropy(&lp) } else { tch::no_grad(|| loss::entropy(&lp)) };
+        // The vocabulary projection runs only where a loss reads it (the masked targets):
+        // with long shared prompts (tool schemas) and short completions, that is most of the
+        // learner's time and memory. Unmasked positions get log-prob and entropy 0.
+        let index = mb.mask.gt(0.0).reshape([-1]).nonzero().squeeze_dim(1);
+        let picked = h.reshape([-1, width]).index_select(0, &index);
+        let lp = picked.linear::<Tensor>(&self.lm_head, None).to_kind(Kind::Float).log_softmax(-1, Kind::Float);
+        let targets = mb.ids.narrow(1, 1, t - 1).reshape([-1]).index_select(0, &index).unsqueeze(-1);
+        let logp_sel = lp.gather(-1, &targets, false).squeeze_dim(-1);
+        let entropy_sel = if entropy_grad { loss::entropy(&lp) } else { tch::no_grad(|| loss::entropy(&lp)) };
+        let scatter = |x: &Tensor| {
+            Tensor::zeros([b * (t - 1)], (Kind::Float, h.device())).index_put(&[Some(index.shallow_clone())], x, false).view([b, t - 1])
+        };
+        let (logp, entropy) = (scatter(&logp_sel), scatter(&entropy_sel));
         let values = self.value_head.as_ref().map(|v| v.forward(&h));
         Ok(Forward { logp, entropy, values })
     }

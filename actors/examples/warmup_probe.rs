@@ -1,0 +1,61 @@
+//! Probe: how well does SFT on expert trajectories teach the tiny policy the calculator?
+//! usage: warmup_probe TOKENIZER_DIR STEPS [hidden layers lr batch]
+use rlmesh_actors::controller::init::{create_tiny_model, TinySpec};
+use rlmesh_actors::learner::{AdamWConfig, Learner, LearnerConfig, SftBatch, SftSequence};
+use rlmesh_actors::rollout::{rollout_groups, RolloutConfig};
+use rlmesh_actors::warmup::{expert_example, Strategy};
+use rlmesh_core::analysis::trajectory_outcome;
+use rlmesh_core::dataset::{generate, MixConfig};
+use rlmesh_core::tools::{ExecLimits, ToolRegistry};
+use rlmesh_model::{SamplingParams, Tokenizer, Transformer};
+use std::time::Instant;
+
+fn main() {
+    let a: Vec<String> = std::env::args().collect();
+    let tokdir = std::path::PathBuf::from(&a[1]);
+    let steps: usize = a[2].parse().unwrap();
+    let hidden: i64 = a.get(3).map(|s| s.parse().unwrap()).unwrap_or(128);
+    let layers: i64 = a.get(4).map(|s| s.parse().unwrap()).unwrap_or(4);
+    let lr: f64 = a.get(5).map(|s| s.parse().unwrap()).unwrap_or(2e-3);
+    let bs: usize = a.get(6).map(|s| s.parse().unwrap()).unwrap_or(16);
+    let dir = tempfile::tempdir().unwrap();
+    let spec = TinySpec { hidden, layers, heads: 4, kv_heads: 2, intermediate: hidden * 3 };
+    let m = create_tiny_model(dir.path(), &tokdir, spec, 0).unwrap();
+    let tok = Tokenizer::load(&m).unwrap();
+    let model = Transformer::load(&m, tch::Device::Cpu, None).unwrap();
+    let reg = ToolRegistry::from_names(&["calculator"], ExecLimits::default()).unwrap();
+    let tasks = generate(&MixConfig { size: 1200, tool_fraction: 0.5, multi_step_fraction: 0.0, inventory: false, seed: 1 }).unwrap();
+    let (train, test) = tasks.split_at(1000);
+    let t0 = Instant::now();
+    let examples: Vec<SftSequence> = train
+        .iter()
+        .map(|t| {
+            let e = expert_example(&tok, &reg, t, Strategy::Correct, None).unwrap();
+            SftSequence { token_ids: e.token_ids, loss_mask: e.loss_mask }
+        })
+        .collect();
+    eprintln!("built {} examples in {:.1}s; first len {}", examples.len(), t0.elapsed().as_secs_f64(), examples[0].token_ids.len());
+    let cfg = LearnerConfig { optim: AdamWConfig { lr, ..Default::default() }, micro_batch_size: bs, warmup_steps: 10, ..Default::default() };
+    let mut learner = Learner::new(model, cfg, None).unwrap();
+    let t0 = Instant::now();
+    for s in 0..steps {
+        let batch = SftBatch { sequences: (0..bs).map(|i| examples[(s * bs + i) % examples.len()].clone()).collect() };
+        let st = learner.sft_step(&batch).unwrap();
+        if s % 20 == 0 || s + 1 == steps {
+            eprintln!("step {s} loss {:.4} {:.2}s", st.loss, t0.elapsed().as_secs_f64());
+        }
+    }
+    let rc = RolloutConfig { group_size: 1, max_turns: 3, max_tokens: 200, sampling: SamplingParams { max_new_tokens: 60, temperature: 0.0, ..Default::default() }, system_prompt: None };
+    let tasks: Vec<(u64, rlmesh_core::Task)> = test.iter().take(100).cloned().enumerate().map(|(i, t)| (i as u64, t)).collect();
+    let t0 = Instant::now();
+    let groups = rollout_groups(learner.model(), &tok, &reg, &tasks, &rc, 0, 0).unwrap();
+    let mut ok = 0;
+    for g in &groups {
+        let o = trajectory_outcome(&g.task, &g.trajectories[0]);
+        ok += o.success as usize;
+    }
+    eprintln!("eval {:.1}s: success {}/{}", t0.elapsed().as_secs_f64(), ok, groups.len());
+    for g in groups.iter().take(4) {
+        eprintln!("---- {}\n{}", g.task.prompt, g.trajectories[0].completion);
+    }
+}
