@@ -20,6 +20,14 @@ struct Cli {
 
 #[derive(Subcommand)]
 enum Command {
+    /// The placement of a topology file: every process, host, device, role, rank, port and environment.
+    Plan(cmd::plan::PlanArgs),
+    /// Live state of a run: processes, step, policy version, throughput, staleness.
+    Status(cmd::status::RunDirArgs),
+    /// Stop a run cleanly: SIGTERM (the job checkpoints), then wait up to 60 s.
+    Down(cmd::status::RunDirArgs),
+    /// Summary table and PNG plots of a run; two runs side by side.
+    Report(cmd::report::ReportArgs),
     /// Per-token log-probs of token sequences (JSONL in: {"token_ids": [...]}; out: {"logprobs": [...]}).
     Score(cmd::inspect::ScoreArgs),
     /// Render a conversation with the model's chat template (JSON in; out: {"text", "token_ids"}).
@@ -32,11 +40,22 @@ enum Command {
     Reward(cmd::inspect::RewardArgs),
     /// Benchmarks, each printing the ratio against its peer measured in the same run.
     Bench(cmd::bench::BenchArgs),
+    /// Internal: one collective rank for `bench allreduce` (rlmesh_comm's worker flags).
+    #[command(hide = true, disable_help_flag = true)]
+    CommWorker {
+        #[arg(trailing_var_arg = true, allow_hyphen_values = true)]
+        args: Vec<String>,
+    },
 }
 
 fn main() -> ExitCode {
     let cli = Cli::parse();
     let result = match cli.command {
+        Command::Plan(a) => cmd::plan::run(a),
+        Command::Status(a) => cmd::status::status(a),
+        Command::Down(a) => cmd::status::down(a),
+        Command::Report(a) => cmd::report::run(a),
+        Command::CommWorker { args } => return rlmesh_comm::worker_main(args),
         Command::Score(a) => cmd::inspect::score(a),
         Command::Render(a) => cmd::inspect::render(a),
         Command::Chat(a) => cmd::chat::run(a),

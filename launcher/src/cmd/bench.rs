@@ -2,6 +2,8 @@
 //! same run and prints the ratio (medians over repeats; machines are noisy).
 use crate::error::{CliError, CliResult, UsageContext};
 use clap::{Args, Subcommand};
+use rlmesh_actors::learner::bench::{bench_learner_step, LearnerBench};
+use rlmesh_comm::bench::{bench_allreduce, BenchConfig, WorkerCommand};
 use rlmesh_model::{SamplingParams, Transformer};
 use serde_json::{json, Value};
 use std::io::Write;
@@ -20,6 +22,51 @@ pub struct BenchArgs {
 enum Bench {
     /// Decode throughput vs transformers `generate` (tiny model and SmolLM2-135M; batch 1, 8, 32).
     Generate(GenerateArgs),
+    /// Training tokens/s of one learner step vs the same step in PyTorch eager (tiny model and SmolLM2-135M).
+    Learner(LearnerArgs),
+    /// CPU ring all-reduce bus bandwidth for 2–4 ranks vs the loopback copy bandwidth.
+    Allreduce(AllreduceArgs),
+}
+
+#[derive(Args)]
+struct LearnerArgs {
+    /// Models to measure: "tiny", "smollm2" or a model directory (default: tiny and smollm2).
+    #[arg(long, value_delimiter = ',')]
+    models: Vec<String>,
+    /// Device: cpu (float32) or cuda (bfloat16).
+    #[arg(long, default_value = "cpu", value_parser = ["cpu", "cuda"])]
+    device: String,
+    /// Sequences per step.
+    #[arg(long, default_value_t = 4)]
+    batch: usize,
+    /// Tokens per sequence (the first quarter is prompt, outside the loss mask).
+    #[arg(long, default_value_t = 128)]
+    seq_len: usize,
+    /// Timed steps per side (the median is reported).
+    #[arg(long, default_value_t = 5)]
+    iters: usize,
+    /// Untimed steps per side first.
+    #[arg(long, default_value_t = 2)]
+    warmup: usize,
+    /// Intra-op threads for both sides (default: all cores).
+    #[arg(long)]
+    threads: Option<usize>,
+}
+
+#[derive(Args)]
+struct AllreduceArgs {
+    /// World sizes (ranks are processes on this machine).
+    #[arg(long, value_delimiter = ',', default_values_t = vec![2, 3, 4])]
+    worlds: Vec<usize>,
+    /// Buffer sizes in MiB.
+    #[arg(long, value_delimiter = ',', default_values_t = vec![1, 16, 64])]
+    mib: Vec<usize>,
+    /// Timed iterations per configuration (the median is reported).
+    #[arg(long, default_value_t = 7)]
+    iters: usize,
+    /// Untimed iterations first.
+    #[arg(long, default_value_t = 2)]
+    warmup: usize,
 }
 
 #[derive(Args)]
@@ -51,7 +98,62 @@ struct GenerateArgs {
 pub fn run(a: BenchArgs) -> CliResult {
     match a.which {
         Bench::Generate(g) => generate(g),
+        Bench::Learner(l) => learner(l),
+        Bench::Allreduce(r) => allreduce(r),
     }
+}
+
+fn threads_or_all(threads: Option<usize>) -> usize {
+    threads.unwrap_or_else(|| std::thread::available_parallelism().map(|n| n.get()).unwrap_or(1))
+}
+
+/// `launcher bench learner`: rlmesh_actors' learner-step benchmark on each model.
+fn learner(l: LearnerArgs) -> CliResult {
+    let (device, kind) = match l.device.as_str() {
+        "cuda" if !tch::Cuda::is_available() => return Err(CliError::usage(anyhow::anyhow!("--device cuda: no CUDA device visible to libtorch"))),
+        "cuda" => (tch::Device::Cuda(0), tch::Kind::BFloat16),
+        _ => (tch::Device::Cpu, tch::Kind::Float),
+    };
+    if l.batch == 0 || l.seq_len < 2 || l.iters == 0 {
+        return Err(CliError::usage(anyhow::anyhow!("--batch, --iters: at least 1; --seq-len: at least 2")));
+    }
+    let models = if l.models.is_empty() { vec!["tiny".to_string(), "smollm2".to_string()] } else { l.models.clone() };
+    let python = std::env::var_os("RLMESH_PYTHON").map(PathBuf::from).unwrap_or_else(|| repo_root().join("scripts/py"));
+    let mut reports = vec![];
+    for name in &models {
+        let bench = LearnerBench {
+            model_dir: resolve_model(name)?,
+            python: python.clone(),
+            script: repo_root().join("tests/oracle/loss_oracle.py"),
+            batch_size: l.batch,
+            seq_len: l.seq_len,
+            prompt_len: l.seq_len / 4,
+            iters: l.iters,
+            warmup: l.warmup,
+            threads: threads_or_all(l.threads) as i32,
+            device,
+            kind,
+        };
+        reports.push(bench_learner_step(&bench)?);
+    }
+    println!("{}", json!({ "bench": "learner", "reports": reports }));
+    Ok(())
+}
+
+/// `launcher bench allreduce`: rlmesh_comm's ring benchmark, ranks as `launcher comm-worker` processes.
+fn allreduce(r: AllreduceArgs) -> CliResult {
+    if r.worlds.iter().any(|&w| w < 2) || r.mib.contains(&0) || r.iters == 0 {
+        return Err(CliError::usage(anyhow::anyhow!("--worlds: at least 2 ranks; --mib, --iters: at least 1")));
+    }
+    let mut cfg = BenchConfig::new(WorkerCommand::new(std::env::current_exe()?).arg("comm-worker"));
+    cfg.worlds = r.worlds;
+    cfg.sizes = r.mib.iter().map(|m| m << 20).collect();
+    cfg.iters = r.iters;
+    cfg.warmup = r.warmup;
+    let report = bench_allreduce(&cfg)?;
+    print!("{}", report.to_table());
+    println!("{}", json!({ "bench": "allreduce", "report": report }));
+    Ok(())
 }
 
 /// The repository root (scripts/, tests/oracle/): `RLMESH_ROOT` or the source tree this binary was built from.
@@ -169,7 +271,7 @@ fn measure_ours(model_dir: &Path, prompts: &[Vec<u32>], g: &GenerateArgs, thread
 }
 
 fn generate(g: GenerateArgs) -> CliResult {
-    let threads = g.threads.unwrap_or_else(|| std::thread::available_parallelism().map(|n| n.get()).unwrap_or(1));
+    let threads = threads_or_all(g.threads);
     if let Some(dir) = &g.one {
         let input: Value = serde_json::from_reader(std::io::stdin())?;
         let prompts: Vec<Vec<u32>> = serde_json::from_value(input["prompts"].clone())?;

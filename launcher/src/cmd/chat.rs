@@ -1,8 +1,12 @@
-//! `launcher chat`: one conversation with a model.
+//! `launcher chat`: one conversation with a model through the rollout tool loop.
 use super::load_model;
-use crate::error::{CliError, CliResult};
+use crate::error::{CliError, CliResult, UsageContext};
 use clap::Args;
-use rlmesh_model::SamplingParams;
+use rlmesh_actors::controller::init::TOOL_TEMPLATE;
+use rlmesh_actors::rollout::{self, RolloutConfig};
+use rlmesh_core::tools::{ExecLimits, ToolRegistry};
+use rlmesh_core::{Message, Task, Trajectory};
+use rlmesh_model::{SamplingParams, Tokenizer};
 use serde_json::{json, Value};
 use std::path::PathBuf;
 
@@ -37,34 +41,68 @@ pub fn run(a: ChatArgs) -> CliResult {
     if a.prompt.trim().is_empty() {
         return Err(CliError::usage(anyhow::anyhow!("--prompt: empty")));
     }
-    let (model, tok) = load_model(&a.model)?;
-    let params = SamplingParams {
-        max_new_tokens: a.max_new_tokens,
-        temperature: if a.greedy { 0.0 } else { 0.7 },
-        seed: a.seed,
-        stop_token_ids: tok.stop_token_ids().to_vec(),
-        ..Default::default()
-    };
-    if !a.tools.is_empty() {
-        return Err(CliError::usage(anyhow::anyhow!("--tools: the tool loop is not wired into chat yet")));
+    let registry = ToolRegistry::from_names(&a.tools, ExecLimits::default()).usage("--tools")?;
+    let no_env: Task = serde_json::from_value(json!({"requires_tool": false})).expect("a task needs only requires_tool");
+    let specs = registry.specs_for(&no_env).usage("--tools")?;
+    if let Some(env) = a.tools.iter().find(|t| !specs.iter().any(|s| &s.name == *t)) {
+        return Err(CliError::usage(anyhow::anyhow!("--tools {env}: an environment (its tools need a task's state); chat offers stateless tools only")));
     }
-    let mut messages = vec![json!({"role": "user", "content": a.prompt})];
-    let (_, prompt_ids) = tok.render_ids(&messages, None, true).map_err(CliError::usage)?;
-    let out = model.generate(&[prompt_ids.clone()], &params, Some(&tok))?.remove(0);
-    let reply = tok.decode(&out.tokens, true)?;
-    messages.push(json!({"role": "assistant", "content": reply}));
-    print_conversation(&messages, prompt_ids.into_iter().chain(out.tokens).collect(), &tok, a.json)
-}
-
-fn print_conversation(messages: &[Value], ids: Vec<u32>, tok: &rlmesh_model::Tokenizer, as_json: bool) -> CliResult {
-    let text = tok.decode(&ids, false)?;
-    if as_json {
-        println!("{}", json!({"messages": messages, "token_ids": ids, "text": text}));
+    let (model, mut tok) = load_model(&a.model)?;
+    let schemas: Vec<Value> = specs.iter().map(|s| s.json_schema()).collect();
+    if !renders_tools(&tok, &schemas) {
+        eprintln!("note: {} has no chat template that renders tools; using rlmesh's tool template (Qwen2.5 style)", a.model.display());
+        tok.set_chat_template(TOOL_TEMPLATE);
+    }
+    let cfg = RolloutConfig {
+        group_size: 1,
+        max_turns: if a.tools.is_empty() { 1 } else { RolloutConfig::default().max_turns },
+        sampling: SamplingParams { max_new_tokens: a.max_new_tokens, temperature: if a.greedy { 0.0 } else { 0.7 }, seed: a.seed, ..Default::default() },
+        ..RolloutConfig::default()
+    };
+    let traj = rollout::chat(&model, &tok, &registry, &a.prompt, &cfg, a.seed)?;
+    let messages: Vec<Message> = std::iter::once(Message::user(a.prompt.as_str())).chain(traj.messages.iter().cloned()).collect();
+    if a.json {
+        let text = tok.decode(&traj.token_ids, false)?;
+        // transformers' format: absent fields are left out, not null.
+        let messages: Vec<Value> = messages.iter().map(|m| serde_json::to_value(m).map(drop_nulls)).collect::<Result<_, _>>()?;
+        println!("{}", json!({"messages": messages, "token_ids": traj.token_ids, "text": text}));
     } else {
-        for m in messages {
-            let role = m["role"].as_str().unwrap_or("?");
-            println!("[{role}] {}", m["content"].as_str().unwrap_or(""));
-        }
+        print_conversation(&messages, &traj);
     }
     Ok(())
+}
+
+/// A message object without its null fields.
+fn drop_nulls(mut v: Value) -> Value {
+    if let Value::Object(m) = &mut v {
+        m.retain(|_, x| !x.is_null());
+    }
+    v
+}
+
+/// Whether the tokenizer's template exists and, when tools are offered, renders them.
+fn renders_tools(tok: &Tokenizer, schemas: &[Value]) -> bool {
+    let probe = [json!({"role": "user", "content": "hi"})];
+    match tok.render(&probe, None, true) {
+        Err(_) => false,
+        Ok(_) if schemas.is_empty() => true,
+        Ok(plain) => tok.render(&probe, Some(schemas), true).is_ok_and(|with| with != plain),
+    }
+}
+
+/// Role-tagged lines: `[user] …`, `[assistant] …`, `[assistant → tool] {args}`, `[tool name] result`.
+fn print_conversation(messages: &[Message], traj: &Trajectory) {
+    for m in messages {
+        let name = m.name.as_deref().map(|n| format!(" {n}")).unwrap_or_default();
+        if !m.content.is_empty() || m.tool_calls.is_none() {
+            println!("[{}{name}] {}", m.role, m.content);
+        }
+        for c in m.tool_calls.iter().flatten() {
+            println!("[{} → {}] {}", m.role, c.function.name, c.function.arguments);
+        }
+    }
+    for e in &traj.format_errors {
+        println!("[format error] {e}");
+    }
+    println!("[stop] {:?}", traj.stop_reason);
 }

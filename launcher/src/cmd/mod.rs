@@ -2,6 +2,9 @@
 pub mod bench;
 pub mod chat;
 pub mod inspect;
+pub mod plan;
+pub mod report;
+pub mod status;
 
 use crate::error::{CliResult, UsageContext};
 use std::io::Read;

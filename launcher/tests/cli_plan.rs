@@ -1,0 +1,62 @@
+//! `launcher plan`: the three shipped topologies as a table and as JSON, and a bad file's located error.
+mod common;
+
+use common::*;
+use serde_json::Value;
+use std::collections::BTreeSet;
+
+fn plan_json(file: &str) -> Value {
+    let o = launcher(&["plan", file, "--json"]);
+    assert_eq!(code(&o), 0, "{}", stderr(&o));
+    serde_json::from_str(&stdout(&o)).expect("plan --json prints JSON")
+}
+
+/// The learner ranks of a plan, from the actors and from the processes' RLMESH_RANK.
+fn learner_ranks(plan: &Value) -> (BTreeSet<u64>, BTreeSet<String>) {
+    let procs = plan["processes"].as_array().unwrap();
+    let actors = procs.iter().flat_map(|p| p["actors"].as_array().unwrap()).filter(|a| a["role"] == "learner").map(|a| a["rank"].as_u64().unwrap()).collect();
+    let env = procs.iter().filter_map(|p| p["env"]["RLMESH_RANK"].as_str().map(str::to_string)).collect();
+    (actors, env)
+}
+
+#[test]
+fn plan_prints_every_shipped_topology_as_table_and_json() {
+    // (file, processes, learner world size, backend, nodes)
+    for (file, processes, world, backend, nodes) in
+        [("deploy/local.toml", 1, 1, "cpu", 1), ("deploy/dev-2gpu.toml", 3, 1, "nccl", 1), ("deploy/h100x32.toml", 35, 16, "nccl", 4)]
+    {
+        let plan = plan_json(file);
+        assert_eq!(plan["processes"].as_array().unwrap().len(), processes, "{file}");
+        assert_eq!(plan["world_size"], world, "{file}");
+        assert_eq!(plan["learner_backend"], backend, "{file}");
+        let (ranks, env_ranks) = learner_ranks(&plan);
+        assert_eq!(ranks, (0..world).collect(), "{file}: learner ranks");
+        assert_eq!(env_ranks.len() as u64, world, "{file}: one RLMESH_RANK per learner process");
+
+        let o = launcher(&["plan", file]);
+        assert_eq!(code(&o), 0, "{}", stderr(&o));
+        let table = stdout(&o);
+        let first = table.lines().next().unwrap();
+        assert!(first.starts_with(&format!("topology {}: {nodes} node(s), {processes} process(es), learner world size {world} ({backend} backend", plan["topology"].as_str().unwrap())), "{first}");
+        let actors: usize = plan["processes"].as_array().unwrap().iter().map(|p| p["actors"].as_array().unwrap().len()).sum();
+        assert_eq!(table.lines().count(), 2 + actors, "{file}: summary, header, one row per actor:\n{table}");
+    }
+}
+
+#[test]
+fn plan_of_a_bad_file_names_file_line_and_field_and_exits_2() {
+    let dir = tempfile::tempdir().unwrap();
+    let text = std::fs::read_to_string(repo().join("deploy/local.toml")).unwrap().replace("ranks = 1", "ranks = 3");
+    let line = text.lines().position(|l| l.starts_with("ranks = 3")).unwrap() + 1;
+    let bad = dir.path().join("bad.toml");
+    std::fs::write(&bad, text).unwrap();
+    let o = launcher(&["plan", bad.to_str().unwrap()]);
+    assert_eq!(code(&o), 2);
+    let err = stderr(&o);
+    assert!(err.contains(&format!("bad.toml:{line}: field \"learner.ranks\"")), "{err}");
+    assert!(stdout(&o).is_empty(), "nothing planned on error");
+
+    let o = launcher(&["plan", "deploy/missing.toml"]);
+    assert_eq!(code(&o), 2);
+    assert!(stderr(&o).contains("deploy/missing.toml"), "{}", stderr(&o));
+}
