@@ -20,6 +20,7 @@
 #![warn(missing_docs)]
 
 pub mod controller;
+pub mod device;
 pub mod learner;
 pub mod metrics;
 pub mod reward;

@@ -20,6 +20,8 @@ struct Cli {
 
 #[derive(Subcommand)]
 enum Command {
+    /// Start a run on a topology (the embedded CPU default: deploy/local.toml).
+    Up(cmd::up::UpArgs),
     /// The placement of a topology file: every process, host, device, role, rank, port and environment.
     Plan(cmd::plan::PlanArgs),
     /// Live state of a run: processes, step, policy version, throughput, staleness.
@@ -51,6 +53,7 @@ enum Command {
 fn main() -> ExitCode {
     let cli = Cli::parse();
     let result = match cli.command {
+        Command::Up(a) => cmd::up::up(a),
         Command::Plan(a) => cmd::plan::run(a),
         Command::Status(a) => cmd::status::status(a),
         Command::Down(a) => cmd::status::down(a),

@@ -12,5 +12,7 @@ pub mod ledger;
 pub mod plan;
 pub mod recipe;
 pub mod source;
+pub mod run;
 pub mod staleness;
+pub mod supervisor;
 pub mod topology;

@@ -47,6 +47,7 @@ pub mod loss;
 pub mod optim;
 pub mod parallel;
 pub mod rank;
+pub mod actor;
 mod trainer;
 pub mod value;
 

@@ -224,6 +224,18 @@ impl Learner {
         Ok(learner)
     }
 
+    /// Switch to new settings (e.g. from SFT warm-up to RL): the optimiser
+    /// restarts with fresh moments at step 0; the value head must stay as it is.
+    pub fn reconfigure(&mut self, config: LearnerConfig) -> Result<()> {
+        config.validate()?;
+        if config.value.is_some() != self.value_head.is_some() {
+            return Err(LearnerError::Config { field: "value", message: "a value head cannot be added or removed by reconfigure".into() });
+        }
+        self.optim = AdamW::new(&self.params, config.optim);
+        self.config = config;
+        Ok(())
+    }
+
     /// Sets the frozen reference policy used for KL when a batch carries no reference log-probs.
     pub fn set_reference(&mut self, mut reference: Transformer) {
         reference.vs.freeze();

@@ -1,1 +1,90 @@
-//! The reward actor: scores trajectories by segment and step.
+//! The reward actor: scores trajectories by component (and the held-out
+//! verdict), and writes the error-analysis row of each rollout.
+//!
+//! Scoring is plain functions of `rlmesh_core::reward` on plain data; the
+//! actor only moves groups in and scored groups out.
+use crate::controller::recipe::RewardKind;
+use ractor::{Actor, ActorProcessingErr, ActorRef, RpcReplyPort};
+use rlmesh_core::analysis::{analysis_row, trajectory_outcome, AnalysisRow, TrajectoryOutcome};
+use rlmesh_core::reward::process::{final_only_reward, process_reward};
+use rlmesh_core::reward::Transcript;
+use rlmesh_core::Group;
+use serde::{Deserialize, Serialize};
+
+/// The reward of one trajectory with its components and verdict.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct ScoredTrajectory {
+    /// The scalar reward trained on.
+    pub total: f64,
+    /// Named components (`None`: does not apply).
+    pub components: Vec<(String, Option<f64>)>,
+    /// The held-out verdict (success, tool use).
+    pub outcome: TrajectoryOutcome,
+    /// The error-analysis row.
+    pub row: AnalysisRow,
+}
+
+/// A group with the scores of its trajectories (same order).
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct ScoredGroup {
+    /// The group.
+    pub group: Group,
+    /// One score per trajectory.
+    pub scores: Vec<ScoredTrajectory>,
+}
+
+/// Score every trajectory of a group with `kind`.
+pub fn score_group(group: Group, kind: RewardKind) -> ScoredGroup {
+    let scores = group
+        .trajectories
+        .iter()
+        .map(|traj| {
+            let t = Transcript::from_trajectory(traj);
+            let s = match kind {
+                RewardKind::Process => process_reward(&group.task, &t),
+                RewardKind::FinalOnly => final_only_reward(&group.task, &t),
+            };
+            // The table always carries the process components, whatever is trained on.
+            let table = process_reward(&group.task, &t);
+            let mut row = analysis_row(&group.task, traj, &table);
+            row.total_reward = s.total;
+            ScoredTrajectory {
+                total: s.total,
+                components: s.components.iter().map(|(n, v)| (n.to_string(), *v)).collect(),
+                outcome: trajectory_outcome(&group.task, traj),
+                row,
+            }
+        })
+        .collect();
+    ScoredGroup { group, scores }
+}
+
+/// Messages of the reward actor.
+pub enum RewardMsg {
+    /// Score groups.
+    Score(Vec<Group>, RpcReplyPort<Vec<ScoredGroup>>),
+}
+
+/// The reward actor.
+pub struct RewardActor;
+
+impl Actor for RewardActor {
+    type Msg = RewardMsg;
+    type State = RewardKind;
+    type Arguments = RewardKind;
+
+    async fn pre_start(&self, _myself: ActorRef<Self::Msg>, kind: RewardKind) -> Result<RewardKind, ActorProcessingErr> {
+        Ok(kind)
+    }
+
+    async fn handle(&self, _myself: ActorRef<Self::Msg>, msg: Self::Msg, kind: &mut RewardKind) -> Result<(), ActorProcessingErr> {
+        match msg {
+            RewardMsg::Score(groups, reply) => {
+                let kind = *kind;
+                let scored = tokio::task::spawn_blocking(move || groups.into_iter().map(|g| score_group(g, kind)).collect()).await?;
+                let _ = reply.send(scored);
+            }
+        }
+        Ok(())
+    }
+}

@@ -43,6 +43,7 @@
 mod conversation;
 mod tool_loop;
 
+pub mod actor;
 pub use tool_loop::{chat, rollout_groups};
 
 use rlmesh_model::{ModelError, SamplingParams};

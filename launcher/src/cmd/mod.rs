@@ -5,6 +5,7 @@ pub mod inspect;
 pub mod plan;
 pub mod report;
 pub mod status;
+pub mod up;
 
 use crate::error::{CliResult, UsageContext};
 use std::io::Read;

@@ -1,0 +1,682 @@
+//! The run driver: the controller's main loop.
+//!
+//! It creates (or loads) the policy, warms it up with SFT on noisy expert
+//! trajectories, spawns the actors (rollout under a supervisor, reward,
+//! learner, weight-sync), then trains with GRPO: rollout requests go out ahead
+//! of the learner by the mode's bound (`sync` 0, `one_step_off` 1, `async` k),
+//! scored groups pass the staleness gate, the learner steps, and each new
+//! version is published to the rollout actors. Every group's life is in the
+//! ledger. At the end the policy is evaluated greedily on held-out tasks and
+//! `summary.json` is written.
+use super::init::{create_tiny_model, TinySpec};
+use super::ledger::{Ledger, LedgerError};
+use super::recipe::Recipe;
+use super::staleness::{Admission, Gate, Mode};
+use super::supervisor::{RolloutSlots, RolloutSupervisor, SupervisorArgs};
+use crate::learner::actor::{LearnerActor, LearnerArgs, LearnerMsg};
+use crate::learner::{AdamWConfig, CheckpointMeta, ClipParams, LearnerConfig, SftBatch, SftSequence, StepStats, TrainBatch, TrainSequence};
+use crate::metrics::{serve, Metrics};
+use crate::reward::{RewardActor, RewardMsg, ScoredGroup};
+use crate::rollout::actor::{RolloutArgs, RolloutMsg, RolloutRequest, RolloutResult};
+use crate::rollout::RolloutConfig;
+use crate::warmup::{expert_example, pick_strategy};
+use crate::weight_sync::{WeightSync, WeightSyncMsg, WeightUpdate};
+use ractor::{Actor, ActorRef};
+use rlmesh_core::advantage::grpo::{grpo_advantages, ScaleRewards};
+use rlmesh_core::tools::{ExecLimits, ToolRegistry};
+use rlmesh_core::{Group, Task};
+use rlmesh_model::{SamplingParams, Tokenizer};
+use serde::{Deserialize, Serialize};
+use serde_json::{json, Value};
+use std::collections::{HashMap, VecDeque};
+use std::io::Write;
+use std::path::{Path, PathBuf};
+use std::sync::atomic::AtomicU64;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+use tokio::task::JoinSet;
+
+/// What to run.
+pub struct RunOptions {
+    /// The run directory (created).
+    pub run_dir: PathBuf,
+    /// The recipe.
+    pub recipe: Recipe,
+    /// Rollout actors to start (from the topology's plan).
+    pub rollout_actors: usize,
+    /// Tokenizer files for a created tiny model (SmolLM2's).
+    pub tokenizer_dir: PathBuf,
+    /// Override of the recipe's RL steps.
+    pub max_steps: Option<u64>,
+    /// Override of the recipe's SFT steps.
+    pub sft_steps: Option<u64>,
+    /// Address of the `/metrics` endpoint (`127.0.0.1:0` for an ephemeral port).
+    pub metrics_addr: String,
+    /// Fault injection: rollout actor 0 panics on this request.
+    pub panic_rollout_on_request: Option<u64>,
+    /// Print progress to stderr.
+    pub progress: bool,
+    /// Evaluate on at most this many held-out tasks (tests; default: all).
+    pub eval_limit: Option<usize>,
+}
+
+/// Write `status.json` (read by `launcher status` / `launcher down`).
+fn write_status(dir: &Path, phase: &str, step: u64, version: u64, extra: Value) {
+    let v = json!({"pid": std::process::id(), "phase": phase, "step": step, "version": version,
+                   "updated_at": std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map(|d| d.as_secs()).unwrap_or(0),
+                   "processes": [{"name": "main", "pid": std::process::id(), "roles": ["controller", "rollout", "reward", "learner", "weight_sync"]}],
+                   "details": extra});
+    let _ = rlmesh_model::io::write_atomic(&dir.join("status.json"), v.to_string().as_bytes());
+}
+
+/// `summary.json`: the held-out figures of a finished run.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct Summary {
+    /// Recipe name.
+    pub recipe: String,
+    /// Held-out tasks evaluated.
+    pub eval_tasks: usize,
+    /// Share with the right tool, arguments, execution and answer and no unnecessary or repeated call.
+    pub trajectory_success: f64,
+    /// Share with the right final answer.
+    pub final_answer_accuracy: f64,
+    /// Share of no-tool tasks where a tool was called.
+    pub unnecessary_tool_rate: f64,
+    /// Share of rollouts repeating a call.
+    pub repeated_call_rate: f64,
+    /// Share of tool tasks where a tool was called.
+    pub tool_call_rate: f64,
+    /// The same figures before RL (after the SFT warm-up).
+    pub after_warmup: Option<Value>,
+    /// RL steps trained.
+    pub steps: u64,
+    /// Groups trained / dropped as stale / re-dispatched after a failure.
+    pub groups: Value,
+    /// Rollout actor restarts.
+    pub actor_restarts: u64,
+    /// Wall seconds of the whole run.
+    pub wall_seconds: f64,
+    /// Where `/metrics` was served.
+    pub metrics_addr: String,
+}
+
+/// Why a run stopped.
+#[derive(Debug, thiserror::Error)]
+pub enum RunError {
+    /// Set-up failed (model, tokenizer, tools, tasks).
+    #[error("set-up: {0}")]
+    Setup(String),
+    /// An actor failed beyond recovery.
+    #[error("{actor}: {message}")]
+    Actor {
+        /// Which actor.
+        actor: &'static str,
+        /// What happened.
+        message: String,
+    },
+    /// The ledger refused a transition.
+    #[error(transparent)]
+    Ledger(#[from] LedgerError),
+    /// Writing the run directory failed.
+    #[error("{path}: {source}")]
+    Io {
+        /// The path.
+        path: PathBuf,
+        /// The cause.
+        source: std::io::Error,
+    },
+}
+
+fn io(path: &Path) -> impl FnOnce(std::io::Error) -> RunError + '_ {
+    move |source| RunError::Io { path: path.to_path_buf(), source }
+}
+
+fn actor_err(actor: &'static str) -> impl Fn(String) -> RunError {
+    move |message| RunError::Actor { actor, message }
+}
+
+/// splitmix64 step.
+fn mix(state: &mut u64) -> u64 {
+    *state = state.wrapping_add(0x9E3779B97F4A7C15);
+    let mut z = *state;
+    z = (z ^ (z >> 30)).wrapping_mul(0xBF58476D1CE4E5B9);
+    z = (z ^ (z >> 27)).wrapping_mul(0x94D049BB133111EB);
+    z ^ (z >> 31)
+}
+
+struct Jsonl(std::fs::File, PathBuf);
+
+impl Jsonl {
+    fn create(path: PathBuf) -> Result<Jsonl, RunError> {
+        let f = std::fs::OpenOptions::new().create(true).append(true).open(&path).map_err(io(&path))?;
+        Ok(Jsonl(f, path))
+    }
+    fn write(&mut self, v: &impl Serialize) -> Result<(), RunError> {
+        let line = serde_json::to_string(v).expect("rows serialise");
+        writeln!(self.0, "{line}").map_err(io(&self.1))
+    }
+}
+
+/// Figures over a set of scored groups.
+fn figures(groups: &[ScoredGroup]) -> Value {
+    let (mut n, mut ok, mut fin, mut rep, mut tool_tasks, mut tool_called, mut plain, mut unnec) = (0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0);
+    for g in groups {
+        for s in &g.scores {
+            let o = s.outcome;
+            n += 1.0;
+            ok += o.success as u8 as f64;
+            fin += o.final_correct as u8 as f64;
+            rep += o.repeated_call as u8 as f64;
+            if g.group.task.requires_tool {
+                tool_tasks += 1.0;
+                tool_called += o.called_tool as u8 as f64;
+            } else {
+                plain += 1.0;
+                unnec += o.unnecessary_tool as u8 as f64;
+            }
+        }
+    }
+    let r = |a: f64, b: f64| if b > 0.0 { a / b } else { 0.0 };
+    json!({
+        "rollouts": n, "trajectory_success": r(ok, n), "final_answer_accuracy": r(fin, n), "repeated_call_rate": r(rep, n),
+        "tool_call_rate": r(tool_called, tool_tasks), "unnecessary_tool_rate": r(unnec, plain),
+    })
+}
+
+fn rl_learner_config(recipe: &Recipe) -> LearnerConfig {
+    LearnerConfig {
+        optim: AdamWConfig { lr: recipe.rl.lr, ..Default::default() },
+        clip: ClipParams { eps_low: recipe.estimator.clip_eps, eps_high: recipe.estimator.clip_eps, ..Default::default() },
+        micro_batch_size: 16,
+        max_grad_norm: Some(1.0),
+        seed: recipe.seed,
+        ..Default::default()
+    }
+}
+
+/// Turn scored groups into a GRPO batch (scalar advantage on every policy token).
+pub fn train_batch(groups: &[ScoredGroup], scale: ScaleRewards) -> TrainBatch {
+    let totals: Vec<Vec<f64>> = groups.iter().map(|g| g.scores.iter().map(|s| s.total).collect()).collect();
+    let adv = grpo_advantages(&totals, scale);
+    let mut sequences = vec![];
+    for (g, a) in groups.iter().zip(adv) {
+        for (t, a) in g.group.trajectories.iter().zip(a) {
+            sequences.push(TrainSequence {
+                token_ids: t.token_ids.clone(),
+                loss_mask: t.loss_mask.clone(),
+                advantages: t.loss_mask.iter().map(|&m| if m != 0 { a as f32 } else { 0.0 }).collect(),
+                behaviour_logprobs: t.logprobs.clone(),
+                ..Default::default()
+            });
+        }
+    }
+    TrainBatch { sequences }
+}
+
+struct Progress {
+    on: bool,
+    start: Instant,
+}
+
+impl Progress {
+    fn line(&self, text: String) {
+        if self.on {
+            eprintln!("[{:>6.1}s] {text}", self.start.elapsed().as_secs_f64());
+        }
+    }
+}
+
+/// Run a recipe to the end; returns the summary (also written to `summary.json`).
+pub async fn run(opts: RunOptions) -> Result<Summary, RunError> {
+    let t0 = Instant::now();
+    let progress = Progress { on: opts.progress, start: t0 };
+    let dir = opts.run_dir.clone();
+    std::fs::create_dir_all(&dir).map_err(io(&dir))?;
+    let recipe = opts.recipe.clone();
+    let cfg_path = dir.join("config.json");
+    std::fs::write(&cfg_path, serde_json::to_string_pretty(&json!({"recipe": recipe, "rollout_actors": opts.rollout_actors})).expect("json"))
+        .map_err(io(&cfg_path))?;
+    let metrics = Arc::new(Metrics::new());
+    let server = serve(metrics.registry(), opts.metrics_addr.as_str()).map_err(|e| RunError::Setup(format!("/metrics on {}: {e}", opts.metrics_addr)))?;
+    let metrics_addr = server.local_addr().to_string();
+    progress.line(format!("run {} → {} (metrics at http://{metrics_addr}/metrics)", recipe.name, dir.display()));
+
+    // The policy.
+    let model_dir = if recipe.tiny_model() {
+        let d = dir.join("initial-model");
+        create_tiny_model(&d, &opts.tokenizer_dir, TinySpec::default(), recipe.seed).map_err(|e| RunError::Setup(e.to_string()))?
+    } else {
+        PathBuf::from(&recipe.model.path)
+    };
+    let tokenizer = Tokenizer::load(&model_dir).map_err(|e| RunError::Setup(e.to_string()))?;
+    let limits = ExecLimits { timeout_ms: 2000, max_output_bytes: 2048, max_calls_per_turn: 4 };
+    let registry = ToolRegistry::from_names(&recipe.tools, limits).map_err(|e| RunError::Setup(e.to_string()))?;
+    let (train, mut held_out) = recipe.tasks().map_err(|e| RunError::Setup(e.to_string()))?;
+    if let Some(n) = opts.eval_limit {
+        held_out.truncate(n);
+    }
+    write_status(&dir, "warmup", 0, 0, json!({"metrics_addr": metrics_addr}));
+    let cores = std::thread::available_parallelism().map(|n| n.get()).unwrap_or(2) as i32;
+
+    // The learner, warmed up with SFT.
+    let sft_cfg = LearnerConfig {
+        optim: AdamWConfig { lr: recipe.sft.lr, ..Default::default() },
+        warmup_steps: 10,
+        micro_batch_size: recipe.sft.batch_size,
+        seed: recipe.seed,
+        ..Default::default()
+    };
+    let (learner, _) = Actor::spawn(None, LearnerActor, LearnerArgs { model_dir: model_dir.clone(), config: sft_cfg, threads: cores })
+        .await
+        .map_err(|e| RunError::Setup(format!("learner: {e}")))?;
+    let sft_steps = opts.sft_steps.unwrap_or(recipe.sft.steps);
+    let mut rng = recipe.seed ^ 0x5f7;
+    let mut sft_cursor = 0usize;
+    for step in 0..sft_steps {
+        let mut seqs = vec![];
+        for _ in 0..recipe.sft.batch_size {
+            let task = &train[sft_cursor % train.len()];
+            sft_cursor += 1;
+            let u = (mix(&mut rng) >> 11) as f64 / (1u64 << 53) as f64;
+            let ex = expert_example(&tokenizer, &registry, task, pick_strategy(&recipe.sft.mix, task, u), None).map_err(|e| RunError::Setup(e.to_string()))?;
+            seqs.push(SftSequence { token_ids: ex.token_ids, loss_mask: ex.loss_mask });
+        }
+        let stats: StepStats = ractor::call!(learner, LearnerMsg::Sft, SftBatch { sequences: seqs })
+            .map_err(|e| RunError::Actor { actor: "learner", message: e.to_string() })?
+            .map_err(actor_err("learner"))?;
+        if step % 25 == 0 || step + 1 == sft_steps {
+            progress.line(format!("sft {}/{sft_steps} loss {:.3} ({:.0} tok/s)", step + 1, stats.loss, stats.tokens_per_s));
+        }
+    }
+    ractor::call!(learner, LearnerMsg::Configure, rl_learner_config(&recipe))
+        .map_err(|e| RunError::Actor { actor: "learner", message: e.to_string() })?
+        .map_err(actor_err("learner"))?;
+
+    // The other actors.
+    let rollout_cfg = RolloutConfig {
+        group_size: recipe.rl.group_size,
+        max_turns: recipe.rl.max_turns,
+        max_tokens: recipe.rl.max_new_tokens * recipe.rl.max_turns + 256,
+        sampling: SamplingParams { max_new_tokens: recipe.rl.max_new_tokens, temperature: recipe.rl.temperature, ..Default::default() },
+        system_prompt: None,
+    };
+    let slots: RolloutSlots = Arc::new(Mutex::new(vec![]));
+    let actors: Vec<RolloutArgs> = (0..opts.rollout_actors.max(1))
+        .map(|i| RolloutArgs {
+            model_dir: model_dir.clone(),
+            tools: recipe.tools.clone(),
+            limits,
+            config: rollout_cfg.clone(),
+            threads: cores,
+            panic_on_request: if i == 0 { opts.panic_rollout_on_request } else { None },
+            requests: Arc::new(AtomicU64::new(0)),
+        })
+        .collect();
+    let (supervisor, _) = Actor::spawn(
+        None,
+        RolloutSupervisor,
+        SupervisorArgs { actors, restart_budget: 3, backoff: Duration::from_millis(200), slots: slots.clone(), metrics: metrics.clone() },
+    )
+    .await
+    .map_err(|e| RunError::Setup(format!("rollout actors: {e}")))?;
+    let (reward, _) = Actor::spawn(None, RewardActor, recipe.reward).await.map_err(|e| RunError::Setup(format!("reward actor: {e}")))?;
+    let (weight_sync, _) = Actor::spawn(None, WeightSync, ()).await.map_err(|e| RunError::Setup(format!("weight-sync actor: {e}")))?;
+
+    let mut driver = Driver {
+        learner,
+        reward,
+        weight_sync,
+        slots,
+        metrics: metrics.clone(),
+        latest: None,
+        versions: HashMap::new(),
+        next_actor: 0,
+    };
+    let mut version = 0u64;
+    driver.publish(version, true).await?;
+    let after_warmup = {
+        let g = driver.evaluate(&held_out, recipe.seed).await?;
+        let f = figures(&g);
+        progress.line(format!("after warm-up: held-out success {:.3} final {:.3} unnecessary-tool {:.3}", f["trajectory_success"], f["final_answer_accuracy"], f["unnecessary_tool_rate"]));
+        f
+    };
+
+    // RL.
+    let mut ledger = Ledger::open(&dir)?;
+    let mode = recipe.mode();
+    let mut gate = Gate::new(mode);
+    let ahead = mode.max_staleness() as usize;
+    let steps = opts.max_steps.unwrap_or(recipe.rl.steps);
+    let gps = recipe.rl.groups_per_step;
+    let scale = recipe.scale_rewards().unwrap_or(ScaleRewards::Group);
+    let mut metrics_log = Jsonl::create(dir.join("metrics.jsonl"))?;
+    let mut rollouts_log = Jsonl::create(dir.join("rollouts.jsonl"))?;
+    let mut inflight: JoinSet<(Vec<(u64, Task)>, Result<RolloutResult, String>)> = JoinSet::new();
+    let mut retry: VecDeque<(u64, Task)> = VecDeque::new();
+    let mut ready: VecDeque<ScoredGroup> = VecDeque::new();
+    let mut cursor = 0usize;
+    let mut step = 0u64;
+    let mut dispatched_requests = 0u64;
+    let mut gen_tokens = 0usize;
+    let mut gen_seconds = 0.0f64;
+    let mut publishes: JoinSet<Result<f64, String>> = JoinSet::new();
+    while step < steps {
+        // Keep the rollout actors `ahead` steps in front of the learner.
+        // Out or waiting, never more than the steps still to train (a stale or lost request is replaced).
+        let wanted = (1 + ahead).min((steps - step) as usize);
+        while inflight.len() + ready.len() / gps.max(1) < wanted {
+            let mut groups = vec![];
+            while groups.len() < gps {
+                if let Some(g) = retry.pop_front() {
+                    ledger.redispatch(g.0, version)?;
+                    metrics.groups_redispatched_total.inc();
+                    groups.push(g);
+                } else {
+                    let id = ledger.next_group_id();
+                    ledger.dispatch(id, version)?;
+                    metrics.groups_dispatched_total.inc();
+                    groups.push((id, train[cursor % train.len()].clone()));
+                    cursor += 1;
+                }
+            }
+            dispatched_requests += 1;
+            let target = driver.pick().await?;
+            let seed = recipe.seed.wrapping_mul(1_000_003).wrapping_add(dispatched_requests);
+            let req = RolloutRequest { groups: groups.clone(), greedy: false, seed };
+            inflight.spawn(async move {
+                let out = match ractor::call!(target, RolloutMsg::Generate, req) {
+                    Ok(r) => r,
+                    Err(e) => Err(format!("rollout actor failed: {e}")),
+                };
+                (groups, out)
+            });
+        }
+        let Some(joined) = inflight.join_next().await else { break };
+        let (groups, result) = joined.map_err(|e| RunError::Actor { actor: "controller", message: e.to_string() })?;
+        match result {
+            Ok(res) => {
+                gen_tokens += res.generated_tokens;
+                gen_seconds += res.seconds;
+                metrics.generated_tokens_total.with_label_values(&["rollout"]).inc_by(res.generated_tokens as u64);
+                let scored = driver.score(res.groups).await?;
+                for g in &scored {
+                    ledger.scored(g.group.group_id)?;
+                }
+                ready.extend(scored);
+            }
+            Err(e) => {
+                progress.line(format!("rollout request lost ({e}); re-dispatching {} groups", groups.len()));
+                retry.extend(groups);
+                continue;
+            }
+        }
+        while ready.len() >= gps && step < steps {
+            let batch: Vec<ScoredGroup> = ready.drain(..gps).collect();
+            let mut admitted = vec![];
+            let mut max_stale = 0u64;
+            for g in batch {
+                let v = g.group.trajectories.iter().filter_map(|t| t.min_version()).min().unwrap_or(version);
+                match gate.admit(v, version).map_err(|e| RunError::Actor { actor: "controller", message: e.to_string() })? {
+                    Admission::Train { staleness } => {
+                        max_stale = max_stale.max(staleness);
+                        metrics.staleness.observe(staleness as f64);
+                        admitted.push(g);
+                    }
+                    Admission::Stale { .. } => {
+                        ledger.dropped(g.group.group_id, "stale")?;
+                        metrics.groups_dropped_total.with_label_values(&["stale"]).inc();
+                    }
+                }
+            }
+            if admitted.is_empty() {
+                continue;
+            }
+            let tb = train_batch(&admitted, scale);
+            let stats: StepStats = ractor::call!(driver.learner, LearnerMsg::Train, tb)
+                .map_err(|e| RunError::Actor { actor: "learner", message: e.to_string() })?
+                .map_err(actor_err("learner"))?;
+            step += 1;
+            for g in &admitted {
+                ledger.trained(g.group.group_id, step)?;
+                metrics.groups_trained_total.inc();
+                for s in &g.scores {
+                    rollouts_log.write(&s.row)?;
+                }
+            }
+            version += 1;
+            driver.snapshot(version).await?;
+            if let Some(acks) = driver.publish(version, mode == Mode::Sync).await? {
+                publishes.spawn(async move { acks.await.map_err(|e| e.to_string())? });
+            }
+            while let Some(done) = publishes.try_join_next() {
+                if let Ok(Ok(secs)) = done {
+                    metrics.weight_sync_seconds.observe(secs);
+                }
+            }
+            let f = figures(&admitted);
+            let reward_mean = admitted.iter().flat_map(|g| g.scores.iter().map(|s| s.total)).sum::<f64>() / (admitted.len() * recipe.rl.group_size) as f64;
+            let mut row = json!({
+                "step": step, "version": version, "reward_mean": reward_mean, "loss": stats.loss, "kl": stats.kl, "entropy": stats.entropy,
+                "clip_fraction": stats.clip_fraction, "grad_norm": stats.grad_norm, "learner_tokens_per_s": stats.tokens_per_s,
+                "tokens_per_s": if gen_seconds > 0.0 { gen_tokens as f64 / gen_seconds } else { 0.0 }, "staleness_max": max_stale,
+                "groups_trained": admitted.len(), "seconds": t0.elapsed().as_secs_f64(),
+            });
+            for (k, v) in f.as_object().expect("object") {
+                row[k] = v.clone();
+            }
+            let mut comp: HashMap<String, (f64, f64)> = HashMap::new();
+            for s in admitted.iter().flat_map(|g| &g.scores) {
+                for (name, v) in &s.components {
+                    if let Some(v) = v {
+                        let e = comp.entry(name.clone()).or_default();
+                        e.0 += v;
+                        e.1 += 1.0;
+                    }
+                }
+            }
+            for (name, (sum, n)) in &comp {
+                row[format!("reward/{name}")] = json!(sum / n);
+                metrics.reward_component.with_label_values(&[name]).set(sum / n);
+            }
+            metrics.reward_mean.with_label_values(&[&format!("{:?}", recipe.reward)]).set(reward_mean);
+            metrics.trajectory_success.with_label_values(&["train"]).set(f["trajectory_success"].as_f64().unwrap_or(0.0));
+            metrics.final_answer_accuracy.with_label_values(&["train"]).set(f["final_answer_accuracy"].as_f64().unwrap_or(0.0));
+            metrics.tool_call_rate.with_label_values(&["train"]).set(f["tool_call_rate"].as_f64().unwrap_or(0.0));
+            metrics.unnecessary_tool_rate.with_label_values(&["train"]).set(f["unnecessary_tool_rate"].as_f64().unwrap_or(0.0));
+            metrics.repeated_call_rate.with_label_values(&["train"]).set(f["repeated_call_rate"].as_f64().unwrap_or(0.0));
+            metrics.tokens_per_second.with_label_values(&["rollout"]).set(row["tokens_per_s"].as_f64().unwrap_or(0.0));
+            metrics.tokens_per_second.with_label_values(&["learner"]).set(stats.tokens_per_s);
+            metrics.policy_version.with_label_values(&["learner"]).set(version as f64);
+            metrics.learner_step.set(step as f64);
+            metrics.learner_loss.set(stats.loss);
+            metrics.learner_kl.set(stats.kl.unwrap_or(0.0));
+            metrics.learner_entropy.set(stats.entropy);
+            metrics.learner_clip_fraction.set(stats.clip_fraction.unwrap_or(0.0));
+            metrics.learner_grad_norm.set(stats.grad_norm);
+            metrics_log.write(&row)?;
+            write_status(&dir, "rl", step, version, json!({"metrics_addr": metrics_addr, "tokens_per_s": row["tokens_per_s"], "staleness_max": max_stale}));
+            progress.line(format!(
+                "rl {step}/{steps} v{version} reward {:.3} success {:.2} tool {:.2} unnecessary {:.2} repeated {:.2} | {:.0} gen tok/s | stale ≤{max_stale}",
+                reward_mean, f["trajectory_success"].as_f64().unwrap_or(0.0), f["tool_call_rate"].as_f64().unwrap_or(0.0),
+                f["unnecessary_tool_rate"].as_f64().unwrap_or(0.0), f["repeated_call_rate"].as_f64().unwrap_or(0.0), row["tokens_per_s"].as_f64().unwrap_or(0.0)
+            ));
+        }
+    }
+    // Requests still out: their groups are not trained in this run.
+    while let Some(joined) = inflight.join_next().await {
+        if let Ok((groups, _)) = joined {
+            for (id, _) in groups {
+                ledger.dropped(id, "run ended")?;
+                metrics.groups_dropped_total.with_label_values(&["run_ended"]).inc();
+            }
+        }
+    }
+    for g in ready.drain(..) {
+        ledger.dropped(g.group.group_id, "run ended")?;
+    }
+    while let Some(done) = publishes.join_next().await {
+        if let Ok(Ok(secs)) = done {
+            metrics.weight_sync_seconds.observe(secs);
+        }
+    }
+
+    // Held-out evaluation with the final policy.
+    write_status(&dir, "eval", step, version, json!({"metrics_addr": metrics_addr}));
+    driver.publish(version, true).await?;
+    let eval = driver.evaluate(&held_out, recipe.seed + 1).await?;
+    let f = figures(&eval);
+    let mut eval_log = Jsonl::create(dir.join("eval_rollouts.jsonl"))?;
+    for s in eval.iter().flat_map(|g| &g.scores) {
+        eval_log.write(&s.row)?;
+    }
+    for (k, gauge) in [
+        ("trajectory_success", &metrics.trajectory_success),
+        ("final_answer_accuracy", &metrics.final_answer_accuracy),
+        ("tool_call_rate", &metrics.tool_call_rate),
+        ("unnecessary_tool_rate", &metrics.unnecessary_tool_rate),
+        ("repeated_call_rate", &metrics.repeated_call_rate),
+    ] {
+        gauge.with_label_values(&["eval"]).set(f[k].as_f64().unwrap_or(0.0));
+    }
+    let ckpt = ractor::call!(
+        driver.learner,
+        LearnerMsg::Checkpoint,
+        dir.join("checkpoints"),
+        CheckpointMeta { policy_version: version, data_cursor: json!({ "train_cursor": cursor, "step": step }) }
+    )
+    .map_err(|e| RunError::Actor { actor: "learner", message: e.to_string() })?
+    .map_err(actor_err("learner"))?;
+    for f in ["tokenizer.json", "tokenizer_config.json", "generation_config.json", "chat_template.jinja"] {
+        let src = model_dir.join(f);
+        if src.exists() {
+            let _ = std::fs::copy(&src, ckpt.join(f));
+        }
+    }
+    let counts = ledger.counts();
+    let summary = Summary {
+        recipe: recipe.name.clone(),
+        eval_tasks: held_out.len(),
+        trajectory_success: f["trajectory_success"].as_f64().unwrap_or(0.0),
+        final_answer_accuracy: f["final_answer_accuracy"].as_f64().unwrap_or(0.0),
+        unnecessary_tool_rate: f["unnecessary_tool_rate"].as_f64().unwrap_or(0.0),
+        repeated_call_rate: f["repeated_call_rate"].as_f64().unwrap_or(0.0),
+        tool_call_rate: f["tool_call_rate"].as_f64().unwrap_or(0.0),
+        after_warmup: Some(after_warmup),
+        steps: step,
+        groups: json!({"trained": counts.trained, "dropped": counts.dropped, "in_flight": counts.dispatched + counts.scored,
+                        "stale": gate.stale, "redispatched": metrics.groups_redispatched_total.get()}),
+        actor_restarts: metrics.actor_restarts_total.with_label_values(&["rollout-0"]).get(),
+        wall_seconds: t0.elapsed().as_secs_f64(),
+        metrics_addr: metrics_addr.clone(),
+    };
+    write_status(&dir, "done", step, version, json!({"metrics_addr": metrics_addr}));
+    let path = dir.join("summary.json");
+    std::fs::write(&path, serde_json::to_string_pretty(&summary).expect("json")).map_err(io(&path))?;
+    progress.line(format!(
+        "done: held-out success {:.3}, final answer {:.3}, unnecessary tool {:.3}, repeated {:.3} on {} tasks",
+        summary.trajectory_success, summary.final_answer_accuracy, summary.unnecessary_tool_rate, summary.repeated_call_rate, summary.eval_tasks
+    ));
+    driver.learner.stop(None);
+    driver.reward.stop(None);
+    driver.weight_sync.stop(None);
+    supervisor.stop(None);
+    drop(server);
+    Ok(summary)
+}
+
+struct Driver {
+    learner: ActorRef<LearnerMsg>,
+    reward: ActorRef<RewardMsg>,
+    weight_sync: ActorRef<WeightSyncMsg>,
+    slots: RolloutSlots,
+    metrics: Arc<Metrics>,
+    latest: Option<WeightUpdate>,
+    /// Version each rollout actor (by id) has been sent.
+    versions: HashMap<ractor::ActorId, u64>,
+    next_actor: usize,
+}
+
+impl Driver {
+    fn live(&self) -> Vec<ActorRef<RolloutMsg>> {
+        self.slots.lock().expect("slots lock").iter().flatten().filter(|r| r.get_status() == ractor::ActorStatus::Running).cloned().collect()
+    }
+
+    async fn snapshot(&mut self, version: u64) -> Result<(), RunError> {
+        let update = ractor::call!(self.learner, LearnerMsg::Snapshot, version).map_err(|e| RunError::Actor { actor: "learner", message: e.to_string() })?;
+        self.latest = Some(update);
+        Ok(())
+    }
+
+    /// Publish `version` to every live rollout actor; with `wait`, until their
+    /// digest-checked acks, otherwise only until the update is queued ahead of any later request.
+    async fn publish(&mut self, version: u64, wait: bool) -> Result<Option<tokio::task::JoinHandle<Result<f64, String>>>, RunError> {
+        if self.latest.as_ref().is_none_or(|u| u.version != version) {
+            self.snapshot(version).await?;
+        }
+        let targets = self.live();
+        let update = self.latest.clone().expect("snapshot taken");
+        let (done_tx, done_rx) = ractor::concurrency::oneshot();
+        ractor::call!(self.weight_sync, |queued| WeightSyncMsg::Publish(update, targets.clone(), queued, done_tx.into()))
+            .map_err(|e| RunError::Actor { actor: "weight_sync", message: e.to_string() })?;
+        for t in &targets {
+            self.versions.insert(t.get_id(), version);
+        }
+        self.metrics.policy_version.with_label_values(&["rollout"]).set(version as f64);
+        let acks = async move { done_rx.await.map_err(|_| "weight-sync actor stopped".to_string())? };
+        if wait {
+            let secs = acks.await.map_err(actor_err("weight_sync"))?;
+            self.metrics.weight_sync_seconds.observe(secs);
+            Ok(None)
+        } else {
+            Ok(Some(tokio::spawn(acks)))
+        }
+    }
+
+    /// The next live rollout actor, brought to the latest version first if it was (re)started since.
+    async fn pick(&mut self) -> Result<ActorRef<RolloutMsg>, RunError> {
+        for _ in 0..100 {
+            let live = self.live();
+            if live.is_empty() {
+                tokio::time::sleep(Duration::from_millis(100)).await;
+                continue;
+            }
+            let target = live[self.next_actor % live.len()].clone();
+            self.next_actor += 1;
+            if let Some(update) = self.latest.clone() {
+                if self.versions.get(&target.get_id()) != Some(&update.version) {
+                    let v = update.version;
+                    match ractor::call!(target, RolloutMsg::LoadWeights, update) {
+                        Ok(Ok(_)) => {
+                            self.versions.insert(target.get_id(), v);
+                        }
+                        _ => continue,
+                    }
+                }
+            }
+            return Ok(target);
+        }
+        Err(RunError::Actor { actor: "rollout", message: "no live rollout actor (restart budget spent?)".into() })
+    }
+
+    async fn score(&self, groups: Vec<Group>) -> Result<Vec<ScoredGroup>, RunError> {
+        ractor::call!(self.reward, RewardMsg::Score, groups).map_err(|e| RunError::Actor { actor: "reward", message: e.to_string() })
+    }
+
+    /// Greedy rollouts on `tasks` (one per task), spread over the rollout actors, scored.
+    async fn evaluate(&mut self, tasks: &[Task], seed: u64) -> Result<Vec<ScoredGroup>, RunError> {
+        let mut out = vec![];
+        let chunk = 32;
+        let mut pending: JoinSet<Result<RolloutResult, String>> = JoinSet::new();
+        for (i, c) in tasks.chunks(chunk).enumerate() {
+            let target = self.pick().await?;
+            let groups: Vec<(u64, Task)> = c.iter().enumerate().map(|(j, t)| ((i * chunk + j) as u64, t.clone())).collect();
+            let req = RolloutRequest { groups, greedy: true, seed };
+            pending.spawn(async move { ractor::call!(target, RolloutMsg::Generate, req).map_err(|e| e.to_string())? });
+        }
+        while let Some(r) = pending.join_next().await {
+            let r = r.map_err(|e| RunError::Actor { actor: "rollout", message: e.to_string() })?.map_err(actor_err("rollout"))?;
+            out.extend(self.score(r.groups).await?);
+        }
+        Ok(out)
+    }
+}

@@ -1,0 +1,76 @@
+//! One OS thread per device owns its tensors.
+//!
+//! Actors run on tokio; tensor work never does. An actor that needs a model
+//! holds a [`DeviceThread`]: the thread builds the state (a model, a learner)
+//! on itself, then runs the jobs sent to it one at a time, and the actor
+//! awaits each job's result without blocking a tokio worker.
+use std::sync::mpsc;
+use std::thread::JoinHandle;
+use tokio::sync::oneshot;
+
+type Job<S> = Box<dyn FnOnce(&mut S) + Send>;
+
+/// A thread that owns a state `S` (tensors) and runs jobs on it.
+pub struct DeviceThread<S> {
+    jobs: Option<mpsc::Sender<Job<S>>>,
+    thread: Option<JoinHandle<()>>,
+    name: String,
+}
+
+/// The device thread is gone (its state failed to build or a job panicked).
+#[derive(Debug, thiserror::Error)]
+#[error("device thread {0} is gone")]
+pub struct DeviceGone(pub String);
+
+impl<S: 'static> DeviceThread<S> {
+    /// Start the thread and build its state there; returns once the state is built.
+    pub async fn spawn<E: Send + 'static>(name: &str, init: impl FnOnce() -> Result<S, E> + Send + 'static) -> Result<Result<Self, E>, DeviceGone> {
+        let (tx, rx) = mpsc::channel::<Job<S>>();
+        let (ready_tx, ready_rx) = oneshot::channel::<Result<(), E>>();
+        let thread = std::thread::Builder::new()
+            .name(name.to_string())
+            .spawn(move || {
+                let mut state = match init() {
+                    Ok(s) => {
+                        let _ = ready_tx.send(Ok(()));
+                        s
+                    }
+                    Err(e) => {
+                        let _ = ready_tx.send(Err(e));
+                        return;
+                    }
+                };
+                while let Ok(job) = rx.recv() {
+                    job(&mut state);
+                }
+            })
+            .map_err(|_| DeviceGone(name.to_string()))?;
+        match ready_rx.await {
+            Ok(Ok(())) => Ok(Ok(DeviceThread { jobs: Some(tx), thread: Some(thread), name: name.to_string() })),
+            Ok(Err(e)) => Ok(Err(e)),
+            Err(_) => Err(DeviceGone(name.to_string())),
+        }
+    }
+
+    /// Run `f` on the device thread and await its result.
+    pub async fn run<R: Send + 'static>(&self, f: impl FnOnce(&mut S) -> R + Send + 'static) -> Result<R, DeviceGone> {
+        let (tx, rx) = oneshot::channel();
+        let job: Job<S> = Box::new(move |s| {
+            let _ = tx.send(f(s));
+        });
+        self.jobs.as_ref().ok_or_else(|| DeviceGone(self.name.clone()))?.send(job).map_err(|_| DeviceGone(self.name.clone()))?;
+        rx.await.map_err(|_| DeviceGone(self.name.clone()))
+    }
+}
+
+impl<S> Drop for DeviceThread<S> {
+    fn drop(&mut self) {
+        // Closing the channel ends the thread after its current job.
+        self.jobs.take();
+        if let Some(t) = self.thread.take() {
+            if t.thread().id() != std::thread::current().id() {
+                let _ = t.join();
+            }
+        }
+    }
+}

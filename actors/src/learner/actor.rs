@@ -1,0 +1,78 @@
+//! The learner actor: a [`Learner`] on its own device thread, taking SFT and
+//! policy-gradient batches, publishing weight images and writing checkpoints.
+use super::{CheckpointMeta, Learner, LearnerConfig, SftBatch, StepStats, TrainBatch};
+use crate::device::DeviceThread;
+use crate::weight_sync::{pack, WeightUpdate};
+use ractor::{Actor, ActorProcessingErr, ActorRef, RpcReplyPort};
+use rlmesh_model::Transformer;
+use std::path::PathBuf;
+
+/// Messages of the learner actor.
+pub enum LearnerMsg {
+    /// One supervised step.
+    Sft(SftBatch, RpcReplyPort<Result<StepStats, String>>),
+    /// One policy-gradient step.
+    Train(TrainBatch, RpcReplyPort<Result<StepStats, String>>),
+    /// Change the learning rate and clip settings (SFT → RL).
+    Configure(LearnerConfig, RpcReplyPort<Result<(), String>>),
+    /// The current weights as policy version `u64`.
+    Snapshot(u64, RpcReplyPort<WeightUpdate>),
+    /// Write a checkpoint under the root directory.
+    Checkpoint(PathBuf, CheckpointMeta, RpcReplyPort<Result<PathBuf, String>>),
+}
+
+/// Start-up arguments of the learner actor.
+#[derive(Clone)]
+pub struct LearnerArgs {
+    /// Model directory to start from.
+    pub model_dir: PathBuf,
+    /// Learner settings.
+    pub config: LearnerConfig,
+    /// Intra-op threads.
+    pub threads: i32,
+}
+
+/// The learner actor.
+pub struct LearnerActor;
+
+impl Actor for LearnerActor {
+    type Msg = LearnerMsg;
+    type State = DeviceThread<Learner>;
+    type Arguments = LearnerArgs;
+
+    async fn pre_start(&self, _myself: ActorRef<Self::Msg>, args: LearnerArgs) -> Result<Self::State, ActorProcessingErr> {
+        let device = DeviceThread::spawn("learner-0", move || -> Result<Learner, String> {
+            tch::set_num_threads(args.threads);
+            let model = Transformer::load(&args.model_dir, tch::Device::Cpu, Some(tch::Kind::Float)).map_err(|e| e.to_string())?;
+            Learner::new(model, args.config, None).map_err(|e| e.to_string())
+        })
+        .await??;
+        Ok(device)
+    }
+
+    async fn handle(&self, _myself: ActorRef<Self::Msg>, msg: Self::Msg, device: &mut Self::State) -> Result<(), ActorProcessingErr> {
+        match msg {
+            LearnerMsg::Sft(batch, reply) => {
+                let out = device.run(move |l| l.sft_step(&batch).map_err(|e| e.to_string())).await?;
+                let _ = reply.send(out);
+            }
+            LearnerMsg::Train(batch, reply) => {
+                let out = device.run(move |l| l.train_step(&batch).map_err(|e| e.to_string())).await?;
+                let _ = reply.send(out);
+            }
+            LearnerMsg::Configure(config, reply) => {
+                let out = device.run(move |l| l.reconfigure(config).map_err(|e| e.to_string())).await?;
+                let _ = reply.send(out);
+            }
+            LearnerMsg::Snapshot(version, reply) => {
+                let out = device.run(move |l| pack(l.model(), version)).await?;
+                let _ = reply.send(out);
+            }
+            LearnerMsg::Checkpoint(root, meta, reply) => {
+                let out = device.run(move |l| l.save_checkpoint(&root, &meta).map_err(|e| e.to_string())).await?;
+                let _ = reply.send(out);
+            }
+        }
+        Ok(())
+    }
+}

@@ -1,0 +1,139 @@
+//! The rollout actor: a policy copy on its own device thread, answering
+//! generation requests with groups of trajectories and loading new versions.
+use super::{rollout_groups, RolloutConfig};
+use crate::device::DeviceThread;
+use crate::weight_sync::{apply, WeightAck, WeightUpdate};
+use ractor::{Actor, ActorProcessingErr, ActorRef, RpcReplyPort};
+use rlmesh_core::tools::{ExecLimits, ToolRegistry};
+use rlmesh_core::{Group, Task};
+use rlmesh_model::{Tokenizer, Transformer};
+use serde::{Deserialize, Serialize};
+use std::path::PathBuf;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+
+/// A request for groups of rollouts.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct RolloutRequest {
+    /// Groups to sample: (ledger id, task).
+    pub groups: Vec<(u64, Task)>,
+    /// Greedy decoding with one sample per task (evaluation).
+    pub greedy: bool,
+    /// Sampling seed.
+    pub seed: u64,
+}
+
+/// The answer to a [`RolloutRequest`].
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct RolloutResult {
+    /// The groups, in request order.
+    pub groups: Vec<Group>,
+    /// Policy version that generated them.
+    pub version: u64,
+    /// Tokens generated.
+    pub generated_tokens: usize,
+    /// Wall seconds.
+    pub seconds: f64,
+}
+
+/// Messages of a rollout actor.
+pub enum RolloutMsg {
+    /// Generate groups.
+    Generate(RolloutRequest, RpcReplyPort<Result<RolloutResult, String>>),
+    /// Load a new policy version (digest-checked).
+    LoadWeights(WeightUpdate, RpcReplyPort<Result<WeightAck, String>>),
+}
+
+/// Start-up arguments of a rollout actor.
+#[derive(Clone)]
+pub struct RolloutArgs {
+    /// Model directory (initial weights, tokenizer, template).
+    pub model_dir: PathBuf,
+    /// Tools offered.
+    pub tools: Vec<String>,
+    /// Tool limits.
+    pub limits: ExecLimits,
+    /// Sampling and loop limits.
+    pub config: RolloutConfig,
+    /// Intra-op threads of the device thread.
+    pub threads: i32,
+    /// Fault injection for tests: panic on this request number (counted across restarts).
+    pub panic_on_request: Option<u64>,
+    /// Requests seen by this actor slot (shared across restarts).
+    pub requests: Arc<AtomicU64>,
+}
+
+/// What the device thread owns.
+pub struct RolloutDevice {
+    model: Transformer,
+    tokenizer: Tokenizer,
+    registry: ToolRegistry,
+    version: u64,
+}
+
+/// The rollout actor.
+pub struct RolloutActor;
+
+/// State of a running rollout actor.
+pub struct RolloutState {
+    device: DeviceThread<RolloutDevice>,
+    args: RolloutArgs,
+}
+
+impl Actor for RolloutActor {
+    type Msg = RolloutMsg;
+    type State = RolloutState;
+    type Arguments = RolloutArgs;
+
+    async fn pre_start(&self, myself: ActorRef<Self::Msg>, args: RolloutArgs) -> Result<RolloutState, ActorProcessingErr> {
+        let (dir, tools, limits, threads) = (args.model_dir.clone(), args.tools.clone(), args.limits, args.threads);
+        let name = format!("rollout-{}", myself.get_id());
+        let device = DeviceThread::spawn(&name, move || -> Result<RolloutDevice, String> {
+            tch::set_num_threads(threads);
+            let model = Transformer::load(&dir, tch::Device::Cpu, Some(tch::Kind::Float)).map_err(|e| e.to_string())?;
+            let tokenizer = Tokenizer::load(&dir).map_err(|e| e.to_string())?;
+            let registry = ToolRegistry::from_names(&tools, limits).map_err(|e| e.to_string())?;
+            Ok(RolloutDevice { model, tokenizer, registry, version: 0 })
+        })
+        .await??;
+        Ok(RolloutState { device, args })
+    }
+
+    async fn handle(&self, _myself: ActorRef<Self::Msg>, msg: Self::Msg, state: &mut RolloutState) -> Result<(), ActorProcessingErr> {
+        match msg {
+            RolloutMsg::Generate(req, reply) => {
+                let n = state.args.requests.fetch_add(1, Ordering::SeqCst) + 1;
+                if state.args.panic_on_request == Some(n) {
+                    panic!("injected fault: rollout actor dies on request {n}");
+                }
+                let mut cfg = state.args.config.clone();
+                if req.greedy {
+                    cfg.group_size = 1;
+                    cfg.sampling.temperature = 0.0;
+                }
+                let out = state
+                    .device
+                    .run(move |d| -> Result<RolloutResult, String> {
+                        let t = std::time::Instant::now();
+                        let groups = rollout_groups(&d.model, &d.tokenizer, &d.registry, &req.groups, &cfg, d.version, req.seed).map_err(|e| e.to_string())?;
+                        let generated_tokens = groups.iter().flat_map(|g| &g.trajectories).map(|t| t.policy_tokens()).sum();
+                        Ok(RolloutResult { groups, version: d.version, generated_tokens, seconds: t.elapsed().as_secs_f64() })
+                    })
+                    .await?;
+                let _ = reply.send(out);
+            }
+            RolloutMsg::LoadWeights(update, reply) => {
+                let out = state
+                    .device
+                    .run(move |d| -> Result<WeightAck, String> {
+                        let ack = apply(&d.model, &update).map_err(|e| e.to_string())?;
+                        d.version = ack.version;
+                        Ok(ack)
+                    })
+                    .await?;
+                let _ = reply.send(out);
+            }
+        }
+        Ok(())
+    }
+}
