@@ -478,7 +478,10 @@ pub async fn run(opts: RunOptions) -> Result<Summary, RunError> {
                 row[format!("reward/{name}")] = json!(sum / n);
                 metrics.reward_component.with_label_values(&[name]).set(sum / n);
             }
-            metrics.reward_mean.with_label_values(&[&format!("{:?}", recipe.reward)]).set(reward_mean);
+            let totals: Vec<f64> = admitted.iter().flat_map(|g| g.scores.iter().map(|s| s.total)).collect();
+            let function = format!("{:?}", recipe.reward).to_lowercase();
+            metrics.reward_mean.with_label_values(&[&function]).set(reward_mean);
+            metrics.reward_std.with_label_values(&[&function]).set(rlmesh_core::reward::combine::nanstd(&totals));
             metrics.trajectory_success.with_label_values(&["train"]).set(f["trajectory_success"].as_f64().unwrap_or(0.0));
             metrics.final_answer_accuracy.with_label_values(&["train"]).set(f["final_answer_accuracy"].as_f64().unwrap_or(0.0));
             metrics.tool_call_rate.with_label_values(&["train"]).set(f["tool_call_rate"].as_f64().unwrap_or(0.0));
