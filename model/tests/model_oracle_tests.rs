@@ -162,3 +162,21 @@ fn masked_logprobs_equal_full_logprobs_under_the_mask() {
     let g = model.vs.trainable_variables().iter().filter(|v| v.grad().defined()).count();
     assert!(g > 0);
 }
+
+#[test]
+fn smollm2_greedy_output_equals_transformers() {
+    // The real pretrained model converted by the set-up: greedy continuations of chat prompts.
+    let dir = smollm2();
+    let model = Transformer::load(&dir, Device::Cpu, None).unwrap();
+    let tok = rlmesh_model::Tokenizer::load(&dir).unwrap();
+    let prompts: Vec<Vec<u32>> = ["What is the capital of France?", "Write a haiku about rust.", "2 + 2 ="]
+        .iter()
+        .map(|p| tok.render_ids(&[json!({"role": "user", "content": p})], None, true).unwrap().1)
+        .collect();
+    let params = SamplingParams { max_new_tokens: 16, temperature: 0.0, ..Default::default() };
+    let ours: Vec<Vec<u32>> = model.generate(&prompts, &params, None).unwrap().into_iter().map(|c| c.tokens).collect();
+    let theirs = oracle(&["generate", "--model", &dir.display().to_string()], &json!({"prompts": prompts, "max_new_tokens": 16, "eos_token_id": []}));
+    let theirs: Vec<Vec<u32>> = serde_json::from_value(theirs["tokens"].clone()).unwrap();
+    assert_eq!(ours, theirs);
+    assert!(tok.decode(&ours[0], true).unwrap().contains("Paris"), "{}", tok.decode(&ours[0], true).unwrap());
+}
