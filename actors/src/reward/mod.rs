@@ -3,6 +3,8 @@
 //!
 //! Scoring is plain functions of `rlmesh_core::reward` on plain data; the
 //! actor only moves groups in and scored groups out.
+pub mod judge;
+
 use crate::controller::recipe::RewardKind;
 use ractor::{Actor, ActorProcessingErr, ActorRef, RpcReplyPort};
 use rlmesh_core::analysis::{analysis_row, trajectory_outcome, AnalysisRow, TrajectoryOutcome};
