@@ -94,7 +94,8 @@ impl Transformer {
         if max_new == 0 {
             return Ok(results);
         }
-        tch::manual_seed(params.seed as i64);
+        // The sampler's own generator: deterministic for a seed whatever other threads do with libtorch's global one.
+        let mut rng = params.seed ^ 0x2545_F491_4F6C_DD1D;
         tch::no_grad(|| -> Result<()> {
             // Prefill each distinct prompt once, then share its cache rows.
             let mut unique: Vec<&Vec<u32>> = vec![];
@@ -127,7 +128,7 @@ impl Transformer {
             let mut done = vec![false; b];
             let stop_ids: Vec<u32> = params.stop_token_ids.clone();
             for step in 0..max_new {
-                let (next, logp) = sample(&logits, params)?;
+                let (next, logp) = sample(&logits, params, &mut rng)?;
                 let next_host = Vec::<i64>::try_from(&next)?;
                 let logp_host = Vec::<f32>::try_from(&logp)?;
                 for i in 0..b {
@@ -183,8 +184,20 @@ fn left_pad(prompts: &[&Vec<u32>], width: usize, device: Device) -> (Tensor, Ten
     (Tensor::from_slice(&ids).view(shape).to_device(device), Tensor::from_slice(&valid).view(shape).to_device(device))
 }
 
+/// Next value of a splitmix64 generator.
+fn splitmix64(state: &mut u64) -> u64 {
+    *state = state.wrapping_add(0x9E37_79B9_7F4A_7C15);
+    let mut z = *state;
+    z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+    z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+    z ^ (z >> 31)
+}
+
 /// Pick the next token of every row from logits `[B, V]`; returns (tokens `[B]`, log-probs `[B]`).
-pub fn sample(logits: &Tensor, params: &SamplingParams) -> Result<(Tensor, Tensor)> {
+///
+/// Sampling is inverse-CDF on the tensor side with one uniform per row from `rng`
+/// (splitmix64), so a seed gives the same tokens on any device and thread.
+pub fn sample(logits: &Tensor, params: &SamplingParams, rng: &mut u64) -> Result<(Tensor, Tensor)> {
     let logits = logits.to_kind(Kind::Float);
     if params.temperature == 0.0 {
         let next = logits.argmax(-1, false);
@@ -210,7 +223,12 @@ pub fn sample(logits: &Tensor, params: &SamplingParams) -> Result<(Tensor, Tenso
         filtered = filtered.masked_fill(&remove, f64::NEG_INFINITY);
     }
     let probs = filtered.softmax(-1, Kind::Float);
-    let next = probs.multinomial(1, false).squeeze_dim(-1);
+    let b = probs.size()[0];
+    // u in (0, 1), scaled by each row's total mass: the first token whose cumulative mass reaches it.
+    let u: Vec<f32> = (0..b).map(|_| (((splitmix64(rng) >> 11) as f64 + 0.5) / (1u64 << 53) as f64) as f32).collect();
+    let cum = probs.cumsum(-1, Kind::Float);
+    let target = Tensor::from_slice(&u).to_device(probs.device()).unsqueeze(1) * cum.narrow(1, vocab - 1, 1);
+    let next = cum.lt_tensor(&target).sum_dim_intlist(-1, false, Kind::Int64).clamp_max(vocab - 1);
     let logp = logp_all.gather(-1, &next.unsqueeze(-1), false).squeeze_dim(-1);
     Ok((next, logp))
 }

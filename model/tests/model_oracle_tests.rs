@@ -128,6 +128,10 @@ fn sampling_is_seeded_and_respects_stop_tokens() {
     let first = c[0].tokens.iter().position(|&t| t == stop).unwrap();
     assert_eq!(c[0].tokens.len(), first + 1);
     assert_eq!(c[0].finish, rlmesh_model::FinishReason::StopToken);
+    // top_k = 1 leaves one token with mass: sampling must pick the greedy token.
+    let greedy = model.generate(&prompts[..1], &SamplingParams { temperature: 0.0, ..p.clone() }, None).unwrap();
+    let k1 = model.generate(&prompts[..1], &SamplingParams { top_k: 1, ..p.clone() }, None).unwrap();
+    assert_eq!(k1[0].tokens, greedy[0].tokens);
     // Recorded log-probs are the temperature-scaled distribution's.
     for c in &a {
         assert!(c.logprobs.iter().all(|&l| l <= 0.0 && l.is_finite()));
