@@ -106,31 +106,7 @@ fn sync(device: Device) {
     }
 }
 
-fn median(xs: &[f64]) -> f64 {
-    let mut v = xs.to_vec();
-    v.sort_by(|a, b| a.partial_cmp(b).expect("finite"));
-    let n = v.len();
-    if n % 2 == 1 {
-        v[n / 2]
-    } else {
-        (v[n / 2 - 1] + v[n / 2]) / 2.0
-    }
-}
 
-/// The same prompts as `launcher bench generate` (its LCG), so figures line up.
-fn prompts(batch: usize, len: usize, vocab: u64, seed: u64) -> Vec<Vec<u32>> {
-    let mut s = seed;
-    (0..batch)
-        .map(|_| {
-            (0..len)
-                .map(|_| {
-                    s = s.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
-                    (3 + (s >> 33) % (vocab - 3)) as u32
-                })
-                .collect()
-        })
-        .collect()
-}
 
 /// `tiny`: a 2-layer Qwen2 with the SmolLM2 vocabulary, weights ×4 so the policy is peaked
 /// (greedy ties are then unlikely); `smollm2-shape`: SmolLM2-135M's exact shape, random weights.
@@ -185,7 +161,7 @@ fn greedy_match(args: &[String]) -> Res<()> {
     let gpu = Transformer::load(&dir, Device::Cuda(0), Some(Kind::Float))?;
     let gpu_bf16 = Transformer::load(&dir, Device::Cuda(0), Some(Kind::BFloat16))?;
     let vocab = cpu.config.vocab_size as u64;
-    let mut ps = prompts(6, 24, vocab, 5);
+    let mut ps = rlmesh_model::generate::bench_prompts(6, 24, vocab, 5);
     for (i, p) in ps.iter_mut().enumerate() {
         p.truncate(4 + 4 * i); // lengths 4..24: exercises left padding
     }
@@ -272,7 +248,7 @@ fn generate(args: &[String]) -> Res<()> {
         for dt in &dtypes {
             let model = Transformer::load(&dir, device, Some(kind_of(dt)?))?;
             for &b in &batches {
-                let ps = prompts(b, prompt_len, model.config.vocab_size as u64, 17 + b as u64);
+                let ps = rlmesh_model::generate::bench_prompts(b, prompt_len, model.config.vocab_size as u64, 17 + b as u64);
                 let p = |n| SamplingParams { max_new_tokens: n, temperature: 0.0, ..Default::default() };
                 let time = |n: usize| -> Res<f64> {
                     sync(device);
@@ -292,7 +268,7 @@ fn generate(args: &[String]) -> Res<()> {
                     one.push(time(1)?);
                     full.push(time(new_tokens)?);
                 }
-                let (tf, t1) = (median(&full), median(&one));
+                let (tf, t1) = (rlmesh_comm::bench::median(&full), rlmesh_comm::bench::median(&one));
                 let e2e = (b * new_tokens) as f64 / tf;
                 let decode = (b * (new_tokens - 1)) as f64 / (tf - t1).max(1e-9);
                 println!("{:<16} {:>5} {:>5} {:>14.1} {:>14.1} {:>11.2}", name, dt, b, e2e, decode, t1 * 1e3);
@@ -420,7 +396,7 @@ fn learner(args: &[String]) -> Res<()> {
         loss = s.loss;
     }
     drop(learner);
-    let ours = median(&times);
+    let ours = rlmesh_comm::bench::median(&times);
     let name = dir.file_name().map(|s| s.to_string_lossy().to_string()).unwrap_or_default();
     let dtype = rlmesh_model::io::kind_name(kind);
     let python = PathBuf::from(o.get("python", "python3"));

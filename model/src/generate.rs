@@ -232,3 +232,19 @@ pub fn sample(logits: &Tensor, params: &SamplingParams, rng: &mut u64) -> Result
     let logp = logp_all.gather(-1, &next.unsqueeze(-1), false).squeeze_dim(-1);
     Ok((next, logp))
 }
+
+/// Deterministic benchmark prompts (an LCG over ids `3..vocab`): `launcher bench generate`
+/// and the GPU check use the same ones, so their figures line up.
+pub fn bench_prompts(batch: usize, len: usize, vocab: u64, seed: u64) -> Vec<Vec<u32>> {
+    let mut s = seed;
+    (0..batch)
+        .map(|_| {
+            (0..len)
+                .map(|_| {
+                    s = s.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
+                    (3 + (s >> 33) % (vocab - 3)) as u32
+                })
+                .collect()
+        })
+        .collect()
+}

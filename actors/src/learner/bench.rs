@@ -134,10 +134,6 @@ pub fn run_peer(python: &std::path::Path, script: &std::path::Path, cmd: &str, i
     serde_json::from_str(last).map_err(|e| LearnerError::Bench(format!("{} {cmd}: output is not JSON ({e}): {last}", script.display())))
 }
 
-fn median(mut xs: Vec<f64>) -> f64 {
-    xs.sort_by(|a, b| a.partial_cmp(b).expect("finite times"));
-    xs[xs.len() / 2]
-}
 
 /// Measures both sides and prints one line with the ratio.
 pub fn bench_learner_step(b: &LearnerBench) -> Result<BenchReport> {
@@ -163,7 +159,7 @@ pub fn bench_learner_step(b: &LearnerBench) -> Result<BenchReport> {
         }
     }
     drop(learner);
-    let ours = median(times);
+    let ours = rlmesh_comm::bench::median(&times);
     let peer = run_peer(
         &b.python,
         &b.script,

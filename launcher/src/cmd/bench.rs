@@ -219,31 +219,7 @@ pub fn python(args: &[&str], stdin: Option<&Value>) -> CliResult<Value> {
     Ok(serde_json::from_str(text.lines().last().unwrap_or("null"))?)
 }
 
-fn prompts(batch: usize, len: usize, vocab: u64, seed: u64) -> Vec<Vec<u32>> {
-    let mut s = seed;
-    (0..batch)
-        .map(|_| {
-            (0..len)
-                .map(|_| {
-                    s = s.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
-                    (3 + (s >> 33) % (vocab - 3)) as u32
-                })
-                .collect()
-        })
-        .collect()
-}
 
-/// Median of a non-empty slice.
-pub fn median(xs: &[f64]) -> f64 {
-    let mut v = xs.to_vec();
-    v.sort_by(|a, b| a.partial_cmp(b).unwrap());
-    let n = v.len();
-    if n % 2 == 1 {
-        v[n / 2]
-    } else {
-        (v[n / 2 - 1] + v[n / 2]) / 2.0
-    }
-}
 
 /// Peak resident memory of this process in MiB (VmHWM).
 pub fn peak_rss_mib() -> f64 {
@@ -286,13 +262,13 @@ fn generate(g: GenerateArgs) -> CliResult {
         let dir = resolve_model(name)?;
         let cfg = rlmesh_model::ModelConfig::load(&dir).usage("reading config.json")?;
         for &b in &g.batch {
-            let input = json!({ "prompts": prompts(b, g.prompt_len, cfg.vocab_size as u64, 17 + b as u64) });
+            let input = json!({ "prompts": rlmesh_model::generate::bench_prompts(b, g.prompt_len, cfg.vocab_size as u64, 17 + b as u64) });
             let ours = self_child(&dir, &g, threads, &input)?;
             let theirs = python(
                 &["tests/oracle/bench_generate.py", "--model", &dir.display().to_string(), "--new-tokens", &g.new_tokens.to_string(), "--threads", &threads.to_string(), "--repeats", &g.repeats.to_string()],
                 Some(&input),
             )?;
-            let rate = |v: &Value| median(&serde_json::from_value::<Vec<f64>>(v["tokens_per_s"].clone()).unwrap_or_default());
+            let rate = |v: &Value| rlmesh_comm::bench::median(&serde_json::from_value::<Vec<f64>>(v["tokens_per_s"].clone()).unwrap_or_default());
             let (o, t) = (rate(&ours), rate(&theirs));
             println!(
                 "{:<10} {:>5} {:>14.1} {:>16.1} {:>6.2}x {:>13.0} {:>13.0}",
