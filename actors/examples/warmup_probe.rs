@@ -18,14 +18,30 @@ fn main() {
     let layers: i64 = a.get(4).map(|s| s.parse().unwrap()).unwrap_or(4);
     let lr: f64 = a.get(5).map(|s| s.parse().unwrap()).unwrap_or(2e-3);
     let bs: usize = a.get(6).map(|s| s.parse().unwrap()).unwrap_or(16);
+    if let Ok(n) = std::env::var("THREADS") {
+        tch::set_num_threads(n.parse().unwrap());
+    }
     let dir = tempfile::tempdir().unwrap();
+    let reg = ToolRegistry::from_names(&["calculator"], ExecLimits::default()).unwrap();
+    let tasks = generate(&MixConfig { size: 1200, tool_fraction: 0.5, multi_step_fraction: 0.0, inventory: false, seed: 1 }).unwrap();
+    let (_, test) = tasks.split_at(1000);
+    let held: std::collections::HashSet<String> = test.iter().map(rlmesh_core::dataset::task_key).collect();
+    let pool = generate(&MixConfig { size: 16384, tool_fraction: 0.5, multi_step_fraction: 0.0, inventory: false, seed: 2 }).unwrap();
+    let train: Vec<_> = pool.into_iter().filter(|t| !held.contains(&rlmesh_core::dataset::task_key(t))).collect();
+    let train = &train[..];
+    let tokdir = if tokdir.to_str() == Some("task") {
+        let vocab: usize = std::env::var("VOCAB").ok().map(|v| v.parse().unwrap()).unwrap_or(1024);
+        let t0 = Instant::now();
+        rlmesh_actors::controller::init::build_task_tokenizer(dir.path(), &train[..2048], &reg, vocab).unwrap();
+        eprintln!("task tokenizer (vocab {vocab}) in {:.1}s", t0.elapsed().as_secs_f64());
+        dir.path().to_path_buf()
+    } else {
+        tokdir
+    };
     let spec = TinySpec { hidden, layers, heads: 4, kv_heads: 2, intermediate: hidden * 3 };
     let m = create_tiny_model(dir.path(), &tokdir, spec, 0).unwrap();
     let tok = Tokenizer::load(&m).unwrap();
     let model = Transformer::load(&m, tch::Device::Cpu, None).unwrap();
-    let reg = ToolRegistry::from_names(&["calculator"], ExecLimits::default()).unwrap();
-    let tasks = generate(&MixConfig { size: 1200, tool_fraction: 0.5, multi_step_fraction: 0.0, inventory: false, seed: 1 }).unwrap();
-    let (train, test) = tasks.split_at(1000);
     let t0 = Instant::now();
     let examples: Vec<SftSequence> = train
         .iter()
@@ -34,7 +50,9 @@ fn main() {
             SftSequence { token_ids: e.token_ids, loss_mask: e.loss_mask }
         })
         .collect();
-    eprintln!("built {} examples in {:.1}s; first len {}", examples.len(), t0.elapsed().as_secs_f64(), examples[0].token_ids.len());
+    let mean_len = examples.iter().map(|e| e.token_ids.len()).sum::<usize>() as f64 / examples.len() as f64;
+    eprintln!("built {} examples in {:.1}s; mean len {mean_len:.1}; vocab {}", examples.len(), t0.elapsed().as_secs_f64(), tok.vocab_size());
+    eprintln!("example: {:?}", examples[0].token_ids.iter().map(|&i| tok.decode(&[i], false).unwrap()).collect::<Vec<_>>());
     let cfg = LearnerConfig { optim: AdamWConfig { lr, ..Default::default() }, micro_batch_size: bs, warmup_steps: 10, ..Default::default() };
     let mut learner = Learner::new(model, cfg, None).unwrap();
     let t0 = Instant::now();
@@ -55,7 +73,8 @@ fn main() {
         ok += o.success as usize;
     }
     eprintln!("eval {:.1}s: success {}/{}", t0.elapsed().as_secs_f64(), ok, groups.len());
-    for g in groups.iter().take(4) {
-        eprintln!("---- {}\n{}", g.task.prompt, g.trajectories[0].completion);
+    let failed = groups.iter().filter(|g| !trajectory_outcome(&g.task, &g.trajectories[0]).success);
+    for g in failed.take(6) {
+        eprintln!("---- {} (expected {:?})\n{}", g.task.prompt, g.task.expected_answer, g.trajectories[0].completion);
     }
 }

@@ -27,6 +27,7 @@ tool_fraction = 0.5
 [sft]
 steps = 2
 batch_size = 4
+tasks = 256
 [rl]
 steps = 3
 lr = 1e-4

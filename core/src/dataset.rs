@@ -189,7 +189,7 @@ fn make_task(kind: Kind, d: Draft) -> Task {
 }
 
 /// What makes two tasks the same: prompt and environment state.
-fn task_key(t: &Task) -> String {
+pub fn task_key(t: &Task) -> String {
     match &t.env_state {
         Some(s) => format!("{}\u{0}{s}", t.prompt),
         None => t.prompt.clone(),
@@ -211,19 +211,20 @@ const WORDS: &[&str] = &[
     "candle", "forest", "island", "lemon", "violin", "harbor", "meadow",
 ];
 
+/// A no-tool task: the answer is text from the prompt, so it needs no tool and
+/// no knowledge a policy trained from scratch could lack — a held-out no-tool
+/// task tests the decision not to call, and copying.
 fn no_tool(rng: &mut Rng) -> Draft {
-    let w = *rng.pick(WORDS);
+    let w = rng.pick(WORDS).to_string();
+    let words: Vec<&str> = (0..rng.range(2, 3)).map(|_| *rng.pick(WORDS)).collect();
+    let phrase = words.join(" ");
     let (prompt, answer) = match rng.range(0, 5) {
-        0 => (format!("Reply with exactly: {w}"), w.to_string()),
-        1 => {
-            let words: Vec<&str> = (0..rng.range(2, 3)).map(|_| *rng.pick(WORDS)).collect();
-            let phrase = words.join(" ");
-            (format!("Reply with exactly: {phrase}"), phrase)
-        }
-        2 => (format!("Repeat this word back to me and nothing else: {w}"), w.to_string()),
-        3 => (format!("Write the word \"{w}\" in capital letters, nothing else."), w.to_uppercase()),
-        4 => (format!("What is the first letter of the word \"{w}\"? Reply with the letter only."), w[..1].to_string()),
-        _ => (format!("Spell the word \"{w}\" backwards. Reply with the reversed word only."), w.chars().rev().collect()),
+        0 => (format!("Reply with exactly: {w}"), w),
+        1 => (format!("Reply with exactly: {phrase}"), phrase),
+        2 => (format!("Repeat this word back to me and nothing else: {w}"), w),
+        3 => (format!("Repeat after me: {phrase}"), phrase),
+        4 => (format!("Say \"{phrase}\" and nothing else."), phrase),
+        _ => (format!("Echo this phrase back without any tool: {phrase}"), phrase),
     };
     Draft { prompt, gold: vec![], answer, env_state: None }
 }

@@ -1,7 +1,7 @@
 //! Run set-up: the tiny policy the embedded default trains (created in Rust:
 //! random weights, SmolLM2's tokenizer, the Qwen2.5-style tool template).
 use rlmesh_model::{ModelConfig, Transformer};
-use serde_json::json;
+use serde_json::{json, Value};
 use std::path::{Path, PathBuf};
 use tch::{Device, Kind};
 
@@ -40,9 +40,16 @@ pub enum InitError {
         /// The cause.
         source: std::io::Error,
     },
+    /// A tokenizer could not be trained or saved.
+    #[error("tokenizer: {0}")]
+    Tokenizer(String),
     /// The model could not be built or saved.
     #[error(transparent)]
     Model(#[from] rlmesh_model::ModelError),
+}
+
+fn same_file(a: &Path, b: &Path) -> bool {
+    matches!((a.canonicalize(), b.canonicalize()), (Ok(x), Ok(y)) if x == y)
 }
 
 /// Create a tiny Llama-architecture model with random weights (seeded) in `out`,
@@ -63,11 +70,137 @@ pub fn create_tiny_model(out: &Path, tokenizer_dir: &Path, spec: TinySpec, seed:
     model.save(out, None)?;
     for f in ["tokenizer.json", "tokenizer_config.json", "generation_config.json"] {
         let src = tokenizer_dir.join(f);
-        if src.exists() {
+        if src.exists() && !same_file(&src, &out.join(f)) {
             std::fs::copy(&src, out.join(f)).map_err(|source| InitError::Io { path: src.clone(), source })?;
         }
     }
     let tmpl = out.join("chat_template.jinja");
     std::fs::write(&tmpl, TOOL_TEMPLATE).map_err(|source| InitError::Io { path: tmpl.clone(), source })?;
     Ok(out.to_path_buf())
+}
+
+/// Tokens the task tokenizer reserves: the chat markers (special, ids 0–2) and
+/// the tool tags (plain added tokens, so they survive decoding as text).
+pub const TASK_SPECIAL_TOKENS: [&str; 3] = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"];
+/// See [`TASK_SPECIAL_TOKENS`].
+pub const TASK_TAG_TOKENS: [&str; 4] = ["<tool_call>", "</tool_call>", "<tool_response>", "</tool_response>"];
+
+fn added_tokens() -> Vec<tokenizers::AddedToken> {
+    let special = TASK_SPECIAL_TOKENS.iter().map(|t| tokenizers::AddedToken::from(*t, true));
+    let tags = TASK_TAG_TOKENS.iter().map(|t| tokenizers::AddedToken::from(*t, false).normalized(false));
+    special.chain(tags).collect()
+}
+
+/// A byte-level BPE tokenizer for the task domain, learned from `texts`.
+///
+/// Numbers split into chunks of up to three digits from the left (`75922` is
+/// `759` `22`), and every string of one to three digits is a token of its own
+/// (added after training, on top of `vocab_size`), so copying an operand or a
+/// result is copying one or two tokens that rarely repeat inside a number —
+/// a copy head cannot lose its place the way it does in a run of single
+/// digits. Nothing else splits words: the fixed template text (system prompt,
+/// tool schema, JSON glue) merges into a few long tokens, which keeps the tiny
+/// policy's sequences short. Bytes never seen in training still encode (the
+/// byte alphabet is complete).
+pub fn train_task_tokenizer<S: AsRef<str> + Send>(texts: impl Iterator<Item = S> + Send, vocab_size: usize) -> Result<tokenizers::Tokenizer, InitError> {
+    use tokenizers::decoders::byte_level::ByteLevel as ByteLevelDecoder;
+    use tokenizers::models::bpe::{BpeTrainerBuilder, BPE};
+    use tokenizers::models::TrainerWrapper;
+    use tokenizers::pre_tokenizers::split::{Split, SplitPattern};
+    use tokenizers::pre_tokenizers::{byte_level::ByteLevel, sequence::Sequence, PreTokenizerWrapper};
+    use tokenizers::SplitDelimiterBehavior;
+    let train_err = |e: tokenizers::Error| InitError::Tokenizer(e.to_string());
+    let mut tok = tokenizers::Tokenizer::new(BPE::default());
+    let digits = Split::new(SplitPattern::Regex(r"\d{1,3}".into()), SplitDelimiterBehavior::Isolated, false).map_err(train_err)?;
+    tok.with_pre_tokenizer(Some(Sequence::new(vec![
+        PreTokenizerWrapper::Split(digits),
+        PreTokenizerWrapper::ByteLevel(ByteLevel::new(false, false, false)),
+    ])));
+    tok.with_decoder(Some(ByteLevelDecoder::new(false, false, false)));
+    let added = added_tokens();
+    tok.add_special_tokens(&added[..TASK_SPECIAL_TOKENS.len()]);
+    tok.add_tokens(&added[TASK_SPECIAL_TOKENS.len()..]);
+    let mut trainer = TrainerWrapper::BpeTrainer(
+        BpeTrainerBuilder::new()
+            .vocab_size(vocab_size)
+            .min_frequency(2)
+            .show_progress(false)
+            .special_tokens(added)
+            .initial_alphabet(ByteLevel::alphabet().into_iter().collect())
+            .build(),
+    );
+    tok.train(&mut trainer, texts).map_err(train_err)?;
+    with_digit_chunks(&tok)
+}
+
+/// `tok` with every string of one to three digits in its vocabulary, taken whole
+/// (`ignore_merges`: a pre-token found in the vocabulary is one token).
+fn with_digit_chunks(tok: &tokenizers::Tokenizer) -> Result<tokenizers::Tokenizer, InitError> {
+    let err = |e: String| InitError::Tokenizer(e);
+    let mut json: Value = serde_json::from_str(&tok.to_string(false).map_err(|e| err(e.to_string()))?).map_err(|e| err(e.to_string()))?;
+    let model = json.get_mut("model").and_then(Value::as_object_mut).ok_or_else(|| err("no BPE model".into()))?;
+    model.insert("ignore_merges".into(), Value::Bool(true));
+    let vocab = model.get_mut("vocab").and_then(Value::as_object_mut).ok_or_else(|| err("no BPE vocabulary".into()))?;
+    let mut next = vocab.values().filter_map(Value::as_u64).max().map_or(0, |m| m + 1);
+    for width in 1..=3u32 {
+        for n in 0..10u32.pow(width) {
+            let chunk = format!("{n:0w$}", w = width as usize);
+            if !vocab.contains_key(&chunk) {
+                vocab.insert(chunk, json!(next));
+                next += 1;
+            }
+        }
+    }
+    json.to_string().parse::<tokenizers::Tokenizer>().map_err(|e| err(e.to_string()))
+}
+
+/// Write a task tokenizer's files into `out` (`tokenizer.json`, its config,
+/// the generation config with `<|im_end|>` as end of turn, rlmesh's tool template).
+pub fn save_task_tokenizer(tok: &tokenizers::Tokenizer, out: &Path) -> Result<(), InitError> {
+    let io = |path: PathBuf| move |source| InitError::Io { path, source };
+    std::fs::create_dir_all(out).map_err(io(out.to_path_buf()))?;
+    let path = out.join("tokenizer.json");
+    tok.save(&path, false).map_err(|e| InitError::Tokenizer(format!("{}: {e}", path.display())))?;
+    let id = |t: &str| tok.token_to_id(t).expect("reserved token");
+    let files = [
+        (
+            "tokenizer_config.json",
+            json!({"bos_token": "<|im_start|>", "eos_token": "<|im_end|>", "pad_token": "<|im_end|>", "unk_token": "<|endoftext|>",
+                   "tokenizer_class": "PreTrainedTokenizerFast", "model_max_length": 2048}),
+        ),
+        (
+            "generation_config.json",
+            json!({"bos_token_id": id("<|im_start|>"), "eos_token_id": id("<|im_end|>"), "pad_token_id": id("<|im_end|>")}),
+        ),
+    ];
+    for (name, value) in files {
+        let path = out.join(name);
+        std::fs::write(&path, serde_json::to_string_pretty(&value).expect("json")).map_err(io(path.clone()))?;
+    }
+    let tmpl = out.join("chat_template.jinja");
+    std::fs::write(&tmpl, TOOL_TEMPLATE).map_err(io(tmpl.clone()))
+}
+
+/// Build the task tokenizer for `tasks` into `out`: a byte-level bootstrap
+/// renders every applicable expert strategy on every task (tools really run),
+/// and the BPE of [`train_task_tokenizer`] is learned from those conversations.
+pub fn build_task_tokenizer(out: &Path, tasks: &[rlmesh_core::Task], registry: &rlmesh_core::tools::ToolRegistry, vocab_size: usize) -> Result<(), InitError> {
+    use crate::warmup::{expert_example, Strategy};
+    let bootstrap = train_task_tokenizer(std::iter::empty::<&str>(), 0)?;
+    save_task_tokenizer(&bootstrap, out)?;
+    let bytes = rlmesh_model::Tokenizer::load(out)?;
+    let mut texts = Vec::with_capacity(tasks.len() * 2);
+    for task in tasks {
+        let strategies: &[Strategy] = if task.requires_tool {
+            &[Strategy::Correct, Strategy::AnswerWithoutTool, Strategy::WrongArguments, Strategy::RepeatedCall]
+        } else {
+            &[Strategy::Correct, Strategy::ToolOnNoToolTask]
+        };
+        for &s in strategies {
+            let ex = expert_example(&bytes, registry, task, s, None).map_err(|e| InitError::Tokenizer(e.to_string()))?;
+            texts.push(bytes.decode(&ex.token_ids, false)?);
+        }
+    }
+    let tok = train_task_tokenizer(texts.iter(), vocab_size)?;
+    save_task_tokenizer(&tok, out)
 }

@@ -92,6 +92,33 @@ pub struct ModelSpec {
     /// An HF model directory, or `"tiny"` to create a tiny model and tokenizer (default).
     #[serde(default = "default_model_path")]
     pub path: String,
+    /// The tiny model's tokenizer: `"task"` (default) learns a byte-level BPE
+    /// from the task mix's expert conversations (digits always single tokens);
+    /// `"smollm2"` uses SmolLM2's 49k-token tokenizer from the set-up.
+    #[serde(default = "default_tokenizer")]
+    pub tokenizer: String,
+    /// Vocabulary size of the `"task"` tokenizer (default 1024).
+    #[serde(default = "default_vocab")]
+    pub vocab_size: usize,
+    /// The tiny model's residual width (default 128).
+    #[serde(default = "default_hidden")]
+    pub hidden: i64,
+    /// The tiny model's decoder layers (default 2).
+    #[serde(default = "default_layers")]
+    pub layers: i64,
+}
+
+fn default_tokenizer() -> String {
+    "task".to_string()
+}
+fn default_vocab() -> usize {
+    1024
+}
+fn default_hidden() -> i64 {
+    128
+}
+fn default_layers() -> i64 {
+    2
 }
 
 /// The task mix: the seed's generator, split into training and held-out tasks.
@@ -172,6 +199,12 @@ pub struct Sft {
     /// Trajectories per step (default 16).
     #[serde(default = "default_sft_batch")]
     pub batch_size: usize,
+    /// Size of the warm-up's own task pool (default 16384): drawn from the same
+    /// mix with another seed, never holding a held-out task, so the warm-up
+    /// teaches the skills (copying operands and results) rather than the
+    /// answers of a few hundred tasks.
+    #[serde(default = "default_sft_tasks")]
+    pub tasks: usize,
     /// Shares of the expert strategies the trajectories are written with.
     #[serde(default)]
     pub mix: SftMix,
@@ -271,6 +304,9 @@ fn default_sft_lr() -> f64 {
 fn default_sft_batch() -> usize {
     16
 }
+fn default_sft_tasks() -> usize {
+    16384
+}
 fn default_rl_steps() -> u64 {
     40
 }
@@ -295,7 +331,13 @@ fn default_mode() -> ModeName {
 
 impl Default for ModelSpec {
     fn default() -> Self {
-        ModelSpec { path: default_model_path() }
+        ModelSpec {
+            path: default_model_path(),
+            tokenizer: default_tokenizer(),
+            vocab_size: default_vocab(),
+            hidden: default_hidden(),
+            layers: default_layers(),
+        }
     }
 }
 
@@ -307,7 +349,7 @@ impl Default for Estimator {
 
 impl Default for Sft {
     fn default() -> Self {
-        Sft { steps: 0, lr: default_sft_lr(), batch_size: default_sft_batch(), mix: SftMix::default() }
+        Sft { steps: 0, lr: default_sft_lr(), batch_size: default_sft_batch(), tasks: default_sft_tasks(), mix: SftMix::default() }
     }
 }
 
@@ -356,6 +398,12 @@ impl Recipe {
         self.model.path == "tiny"
     }
 
+    /// The tiny model's shape (four query heads, two key/value heads, MLP 3× wide).
+    pub fn tiny_spec(&self) -> super::init::TinySpec {
+        let h = self.model.hidden;
+        super::init::TinySpec { hidden: h, layers: self.model.layers, heads: 4, kv_heads: 2, intermediate: 3 * h }
+    }
+
     /// The staleness mode of the RL loop.
     pub fn mode(&self) -> Mode {
         match self.rl.mode {
@@ -394,11 +442,36 @@ impl Recipe {
         Ok((train, held_out))
     }
 
+    /// The warm-up's task pool (`sft.tasks` of the same mix, another seed),
+    /// without any task of `held_out`.
+    pub fn sft_tasks(&self, held_out: &[Task]) -> Result<Vec<Task>, DatasetError> {
+        let t = &self.tasks;
+        let cfg = MixConfig {
+            size: self.sft.tasks,
+            tool_fraction: t.tool_fraction,
+            multi_step_fraction: t.multi_step_fraction,
+            inventory: t.inventory,
+            seed: t.seed ^ 0x5f7_5eed,
+        };
+        let held: std::collections::HashSet<String> = held_out.iter().map(dataset::task_key).collect();
+        Ok(dataset::generate(&cfg)?.into_iter().filter(|task| !held.contains(&dataset::task_key(task))).collect())
+    }
+
     /// Checks ranges and cross-field rules; the error names the offending field.
     pub fn validate(&self) -> Result<(), Invalid> {
         self.validate_tools()?;
         if self.model.path.is_empty() {
             return Err(Invalid::new("model.path", "an HF model directory or \"tiny\""));
+        }
+        let m = &self.model;
+        if !["task", "smollm2"].contains(&m.tokenizer.as_str()) {
+            return Err(Invalid::new("model.tokenizer", format!("\"task\" or \"smollm2\", got \"{}\"", m.tokenizer)));
+        }
+        at_least("model.vocab_size", m.vocab_size as f64, 300.0)?;
+        at_least("model.layers", m.layers as f64, 1.0)?;
+        at_least("model.hidden", m.hidden as f64, 16.0)?;
+        if m.hidden % 8 != 0 {
+            return Err(Invalid::new("model.hidden", format!("must be a multiple of 8 (four heads of even width), got {}", m.hidden)));
         }
         let t = &self.tasks;
         at_least("tasks.size", t.size as f64, 1.0)?;
@@ -409,6 +482,7 @@ impl Recipe {
         let s = &self.sft;
         positive("sft.lr", s.lr)?;
         at_least("sft.batch_size", s.batch_size as f64, 1.0)?;
+        at_least("sft.tasks", s.tasks as f64, 1.0)?;
         let m = s.mix;
         let shares = [
             ("correct", m.correct),

@@ -8,7 +8,7 @@
 //! version is published to the rollout actors. Every group's life is in the
 //! ledger. At the end the policy is evaluated greedily on held-out tasks and
 //! `summary.json` is written.
-use super::init::{create_tiny_model, TinySpec};
+use super::init::{build_task_tokenizer, create_tiny_model, InitError};
 use super::ledger::{Ledger, LedgerError};
 use super::recipe::Recipe;
 use super::staleness::{Admission, Gate, Mode};
@@ -17,7 +17,7 @@ use crate::learner::actor::{LearnerActor, LearnerArgs, LearnerMsg};
 use crate::learner::{AdamWConfig, CheckpointMeta, ClipParams, LearnerConfig, SftBatch, SftSequence, StepStats, TrainBatch, TrainSequence};
 use crate::metrics::{serve, Metrics};
 use crate::reward::{RewardActor, RewardMsg, ScoredGroup};
-use crate::rollout::actor::{RolloutArgs, RolloutMsg, RolloutRequest, RolloutResult};
+use crate::rollout::actor::{Purpose, RolloutArgs, RolloutMsg, RolloutRequest, RolloutResult};
 use crate::rollout::RolloutConfig;
 use crate::warmup::{expert_example, pick_strategy};
 use crate::weight_sync::{WeightSync, WeightSyncMsg, WeightUpdate};
@@ -88,6 +88,11 @@ pub struct Summary {
     pub tool_call_rate: f64,
     /// The same figures before RL (after the SFT warm-up).
     pub after_warmup: Option<Value>,
+    /// The figures above come from greedy decoding; these from one rollout per
+    /// held-out task sampled at the RL temperature (the policy's own
+    /// distribution, as the seed measures it): `{"temperature", "final", "after_warmup"}`.
+    #[serde(default)]
+    pub sampled: Value,
     /// RL steps trained.
     pub steps: u64,
     /// Groups trained / dropped as stale / re-dispatched after a failure.
@@ -242,16 +247,25 @@ pub async fn run(opts: RunOptions) -> Result<Summary, RunError> {
     progress.line(format!("run {} → {} (metrics at http://{metrics_addr}/metrics)", recipe.name, dir.display()));
 
     // The policy.
+    let limits = ExecLimits { timeout_ms: 2000, max_output_bytes: 2048, max_calls_per_turn: 4 };
+    let registry = ToolRegistry::from_names(&recipe.tools, limits).map_err(|e| RunError::Setup(e.to_string()))?;
+    let (train, mut held_out) = recipe.tasks().map_err(|e| RunError::Setup(e.to_string()))?;
+    let sft_tasks = if recipe.sft.steps > 0 { recipe.sft_tasks(&held_out).map_err(|e| RunError::Setup(e.to_string()))? } else { vec![] };
     let model_dir = if recipe.tiny_model() {
         let d = dir.join("initial-model");
-        create_tiny_model(&d, &opts.tokenizer_dir, TinySpec::default(), recipe.seed).map_err(|e| RunError::Setup(e.to_string()))?
+        let setup = |e: InitError| RunError::Setup(e.to_string());
+        let tokenizer_dir = if recipe.model.tokenizer == "task" {
+            let corpus: Vec<Task> = train.iter().chain(sft_tasks.iter().take(1024)).cloned().collect();
+            build_task_tokenizer(&d, &corpus, &registry, recipe.model.vocab_size).map_err(setup)?;
+            d.clone()
+        } else {
+            opts.tokenizer_dir.clone()
+        };
+        create_tiny_model(&d, &tokenizer_dir, recipe.tiny_spec(), recipe.seed).map_err(setup)?
     } else {
         PathBuf::from(&recipe.model.path)
     };
     let tokenizer = Tokenizer::load(&model_dir).map_err(|e| RunError::Setup(e.to_string()))?;
-    let limits = ExecLimits { timeout_ms: 2000, max_output_bytes: 2048, max_calls_per_turn: 4 };
-    let registry = ToolRegistry::from_names(&recipe.tools, limits).map_err(|e| RunError::Setup(e.to_string()))?;
-    let (train, mut held_out) = recipe.tasks().map_err(|e| RunError::Setup(e.to_string()))?;
     if let Some(n) = opts.eval_limit {
         held_out.truncate(n);
     }
@@ -272,19 +286,26 @@ pub async fn run(opts: RunOptions) -> Result<Summary, RunError> {
     let sft_steps = opts.sft_steps.unwrap_or(recipe.sft.steps);
     let mut rng = recipe.seed ^ 0x5f7;
     let mut sft_cursor = 0usize;
+    // Expert conversations are rendered once per (task, strategy) and reused.
+    let mut experts: HashMap<(usize, crate::warmup::Strategy), SftSequence> = HashMap::new();
     for step in 0..sft_steps {
         let mut seqs = vec![];
         for _ in 0..recipe.sft.batch_size {
-            let task = &train[sft_cursor % train.len()];
+            let task = &sft_tasks[sft_cursor % sft_tasks.len()];
             sft_cursor += 1;
             let u = (mix(&mut rng) >> 11) as f64 / (1u64 << 53) as f64;
-            let ex = expert_example(&tokenizer, &registry, task, pick_strategy(&recipe.sft.mix, task, u), None).map_err(|e| RunError::Setup(e.to_string()))?;
-            seqs.push(SftSequence { token_ids: ex.token_ids, loss_mask: ex.loss_mask });
+            let strategy = pick_strategy(&recipe.sft.mix, task, u);
+            let key = ((sft_cursor - 1) % sft_tasks.len(), strategy);
+            if !experts.contains_key(&key) {
+                let ex = expert_example(&tokenizer, &registry, task, strategy, None).map_err(|e| RunError::Setup(e.to_string()))?;
+                experts.insert(key, SftSequence { token_ids: ex.token_ids, loss_mask: ex.loss_mask });
+            }
+            seqs.push(experts[&key].clone());
         }
         let stats: StepStats = ractor::call!(learner, LearnerMsg::Sft, SftBatch { sequences: seqs })
             .map_err(|e| RunError::Actor { actor: "learner", message: e.to_string() })?
             .map_err(actor_err("learner"))?;
-        if step % 25 == 0 || step + 1 == sft_steps {
+        if step % (sft_steps / 20).max(25) == 0 || step + 1 == sft_steps {
             progress.line(format!("sft {}/{sft_steps} loss {:.3} ({:.0} tok/s)", step + 1, stats.loss, stats.tokens_per_s));
         }
     }
@@ -334,11 +355,14 @@ pub async fn run(opts: RunOptions) -> Result<Summary, RunError> {
     };
     let mut version = 0u64;
     driver.publish(version, true).await?;
-    let after_warmup = {
-        let g = driver.evaluate(&held_out, recipe.seed).await?;
-        let f = figures(&g);
-        progress.line(format!("after warm-up: held-out success {:.3} final {:.3} unnecessary-tool {:.3}", f["trajectory_success"], f["final_answer_accuracy"], f["unnecessary_tool_rate"]));
-        f
+    let (after_warmup, after_warmup_sampled) = {
+        let f = figures(&driver.evaluate(&held_out, recipe.seed, true).await?);
+        let fs = figures(&driver.evaluate(&held_out, recipe.seed, false).await?);
+        progress.line(format!(
+            "after warm-up: held-out success {:.3} (sampled {:.3}) final {:.3} unnecessary-tool {:.3} (sampled {:.3})",
+            f["trajectory_success"], fs["trajectory_success"], f["final_answer_accuracy"], f["unnecessary_tool_rate"], fs["unnecessary_tool_rate"]
+        ));
+        (f, fs)
     };
 
     // RL.
@@ -382,7 +406,7 @@ pub async fn run(opts: RunOptions) -> Result<Summary, RunError> {
             dispatched_requests += 1;
             let target = driver.pick().await?;
             let seed = recipe.seed.wrapping_mul(1_000_003).wrapping_add(dispatched_requests);
-            let req = RolloutRequest { groups: groups.clone(), greedy: false, seed };
+            let req = RolloutRequest { groups: groups.clone(), purpose: Purpose::Train, seed };
             inflight.spawn(async move {
                 let out = match ractor::call!(target, RolloutMsg::Generate, req) {
                     Ok(r) => r,
@@ -526,8 +550,9 @@ pub async fn run(opts: RunOptions) -> Result<Summary, RunError> {
     // Held-out evaluation with the final policy.
     write_status(&dir, "eval", step, version, json!({"metrics_addr": metrics_addr}));
     driver.publish(version, true).await?;
-    let eval = driver.evaluate(&held_out, recipe.seed + 1).await?;
+    let eval = driver.evaluate(&held_out, recipe.seed + 1, true).await?;
     let f = figures(&eval);
+    let f_sampled = figures(&driver.evaluate(&held_out, recipe.seed + 1, false).await?);
     let mut eval_log = Jsonl::create(dir.join("eval_rollouts.jsonl"))?;
     for s in eval.iter().flat_map(|g| &g.scores) {
         eval_log.write(&s.row)?;
@@ -565,6 +590,7 @@ pub async fn run(opts: RunOptions) -> Result<Summary, RunError> {
         repeated_call_rate: f["repeated_call_rate"].as_f64().unwrap_or(0.0),
         tool_call_rate: f["tool_call_rate"].as_f64().unwrap_or(0.0),
         after_warmup: Some(after_warmup),
+        sampled: json!({"temperature": recipe.rl.temperature, "final": f_sampled, "after_warmup": after_warmup_sampled}),
         steps: step,
         groups: json!({"trained": counts.trained, "dropped": counts.dropped, "in_flight": counts.dispatched + counts.scored,
                         "stale": gate.stale, "redispatched": metrics.groups_redispatched_total.get()}),
@@ -576,8 +602,8 @@ pub async fn run(opts: RunOptions) -> Result<Summary, RunError> {
     let path = dir.join("summary.json");
     std::fs::write(&path, serde_json::to_string_pretty(&summary).expect("json")).map_err(io(&path))?;
     progress.line(format!(
-        "done: held-out success {:.3}, final answer {:.3}, unnecessary tool {:.3}, repeated {:.3} on {} tasks",
-        summary.trajectory_success, summary.final_answer_accuracy, summary.unnecessary_tool_rate, summary.repeated_call_rate, summary.eval_tasks
+        "done: held-out success {:.3} (sampled {:.3}), final answer {:.3}, unnecessary tool {:.3}, repeated {:.3} on {} tasks",
+        summary.trajectory_success, f_sampled["trajectory_success"], summary.final_answer_accuracy, summary.unnecessary_tool_rate, summary.repeated_call_rate, summary.eval_tasks
     ));
     driver.learner.stop(None);
     driver.reward.stop(None);
@@ -665,15 +691,15 @@ impl Driver {
         ractor::call!(self.reward, RewardMsg::Score, groups).map_err(|e| RunError::Actor { actor: "reward", message: e.to_string() })
     }
 
-    /// Greedy rollouts on `tasks` (one per task), spread over the rollout actors, scored.
-    async fn evaluate(&mut self, tasks: &[Task], seed: u64) -> Result<Vec<ScoredGroup>, RunError> {
+    /// One rollout per task (greedy, or sampled as in training), spread over the rollout actors, scored.
+    async fn evaluate(&mut self, tasks: &[Task], seed: u64, greedy: bool) -> Result<Vec<ScoredGroup>, RunError> {
         let mut out = vec![];
         let chunk = 32;
         let mut pending: JoinSet<Result<RolloutResult, String>> = JoinSet::new();
         for (i, c) in tasks.chunks(chunk).enumerate() {
             let target = self.pick().await?;
             let groups: Vec<(u64, Task)> = c.iter().enumerate().map(|(j, t)| ((i * chunk + j) as u64, t.clone())).collect();
-            let req = RolloutRequest { groups, greedy: true, seed };
+            let req = RolloutRequest { groups, purpose: if greedy { Purpose::EvalGreedy } else { Purpose::EvalSampled }, seed };
             pending.spawn(async move { ractor::call!(target, RolloutMsg::Generate, req).map_err(|e| e.to_string())? });
         }
         while let Some(r) = pending.join_next().await {

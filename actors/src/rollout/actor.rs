@@ -17,10 +17,21 @@ use std::sync::Arc;
 pub struct RolloutRequest {
     /// Groups to sample: (ledger id, task).
     pub groups: Vec<(u64, Task)>,
-    /// Greedy decoding with one sample per task (evaluation).
-    pub greedy: bool,
+    /// How to sample.
+    pub purpose: Purpose,
     /// Sampling seed.
     pub seed: u64,
+}
+
+/// What a [`RolloutRequest`] is for.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub enum Purpose {
+    /// G samples per task at the configured temperature.
+    Train,
+    /// One greedy rollout per task.
+    EvalGreedy,
+    /// One rollout per task at the configured temperature.
+    EvalSampled,
 }
 
 /// The answer to a [`RolloutRequest`].
@@ -107,8 +118,10 @@ impl Actor for RolloutActor {
                     panic!("injected fault: rollout actor dies on request {n}");
                 }
                 let mut cfg = state.args.config.clone();
-                if req.greedy {
+                if req.purpose != Purpose::Train {
                     cfg.group_size = 1;
+                }
+                if req.purpose == Purpose::EvalGreedy {
                     cfg.sampling.temperature = 0.0;
                 }
                 let out = state

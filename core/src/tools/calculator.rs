@@ -96,12 +96,18 @@ fn as_f64(n: &Number) -> Result<f64, ToolError> {
     n.as_f64().ok_or_else(|| ToolError::new(format!("{n} is not a representable number")))
 }
 
-/// Formats a result: integers without a decimal point, other values in the
-/// shortest form that reads back exactly; NaN and infinities are errors.
+/// Significant digits of a non-integer result, as a pocket calculator shows
+/// (`0.1 + 0.2` is `0.3`, not `0.30000000000000004`).
+pub const SIGNIFICANT_DIGITS: usize = 10;
+
+/// Formats a result: integers without a decimal point, other values rounded
+/// to [`SIGNIFICANT_DIGITS`] and written in the shortest form that reads back
+/// as that rounded value; NaN and infinities are errors.
 pub fn format_number(v: f64) -> Result<String, ToolError> {
     if !v.is_finite() {
         return Err(ToolError::new("the result is not a finite number"));
     }
+    let v: f64 = format!("{v:.*e}", SIGNIFICANT_DIGITS - 1).parse().unwrap_or(v);
     if v == 0.0 {
         return Ok("0".into());
     }
@@ -131,10 +137,13 @@ mod tests {
     }
 
     #[test]
-    fn decimals_print_in_shortest_exact_form() {
+    fn decimals_round_to_ten_significant_digits() {
         assert_eq!(calc("divide", json!(7), json!(2)), Ok("3.5".into()));
-        assert_eq!(calc("add", json!(0.1), json!(0.2)), Ok("0.30000000000000004".into()));
-        assert_eq!(calc("divide", json!(1), json!(3)), Ok("0.3333333333333333".into()));
+        assert_eq!(calc("add", json!(0.1), json!(0.2)), Ok("0.3".into()));
+        assert_eq!(calc("subtract", json!(409.8), json!(415)), Ok("-5.2".into()));
+        assert_eq!(calc("divide", json!(1), json!(3)), Ok("0.3333333333".into()));
+        assert_eq!(calc("divide", json!(2), json!(3)), Ok("0.6666666667".into()));
+        assert_eq!(calc("divide", json!(1), json!(30000)), Ok("0.00003333333333".into()));
         assert_eq!(calc("power", json!(4), json!(0.5)), Ok("2".into()));
         assert_eq!(calc("power", json!(2), json!(-2)), Ok("0.25".into()));
     }
@@ -142,7 +151,7 @@ mod tests {
     #[test]
     fn integers_stay_exact_and_overflow_falls_back_to_floats() {
         assert_eq!(calc("add", json!(9007199254740993i64), json!(0)), Ok("9007199254740993".into()));
-        assert_eq!(calc("multiply", json!(i64::MAX), json!(2)), Ok("18446744073709552000".into()));
+        assert_eq!(calc("multiply", json!(i64::MAX), json!(2)), Ok("18446744070000000000".into()));
     }
 
     #[test]
