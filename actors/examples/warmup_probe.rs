@@ -53,7 +53,7 @@ fn main() {
     let mean_len = examples.iter().map(|e| e.token_ids.len()).sum::<usize>() as f64 / examples.len() as f64;
     eprintln!("built {} examples in {:.1}s; mean len {mean_len:.1}; vocab {}", examples.len(), t0.elapsed().as_secs_f64(), tok.vocab_size());
     eprintln!("example: {:?}", examples[0].token_ids.iter().map(|&i| tok.decode(&[i], false).unwrap()).collect::<Vec<_>>());
-    let cfg = LearnerConfig { optim: AdamWConfig { lr, ..Default::default() }, micro_batch_size: bs, warmup_steps: 10, ..Default::default() };
+    let cfg = LearnerConfig { optim: AdamWConfig { lr, ..Default::default() }, micro_batch_size: bs, warmup_steps: 10, schedule: rlmesh_actors::learner::LrSchedule::Cosine { total_steps: steps as u64 }, ..Default::default() };
     let mut learner = Learner::new(model, cfg, None).unwrap();
     let t0 = Instant::now();
     for s in 0..steps {

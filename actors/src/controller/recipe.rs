@@ -103,7 +103,7 @@ pub struct ModelSpec {
     /// The tiny model's residual width (default 128).
     #[serde(default = "default_hidden")]
     pub hidden: i64,
-    /// The tiny model's decoder layers (default 2).
+    /// The tiny model's decoder layers (default 4).
     #[serde(default = "default_layers")]
     pub layers: i64,
 }
@@ -118,7 +118,7 @@ fn default_hidden() -> i64 {
     128
 }
 fn default_layers() -> i64 {
-    2
+    4
 }
 
 /// The task mix: the seed's generator, split into training and held-out tasks.

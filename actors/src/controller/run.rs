@@ -14,7 +14,7 @@ use super::recipe::Recipe;
 use super::staleness::{Admission, Gate, Mode};
 use super::supervisor::{RolloutSlots, RolloutSupervisor, SupervisorArgs};
 use crate::learner::actor::{LearnerActor, LearnerArgs, LearnerMsg};
-use crate::learner::{AdamWConfig, CheckpointMeta, ClipParams, LearnerConfig, SftBatch, SftSequence, StepStats, TrainBatch, TrainSequence};
+use crate::learner::{AdamWConfig, CheckpointMeta, ClipParams, LearnerConfig, LrSchedule, SftBatch, SftSequence, StepStats, TrainBatch, TrainSequence};
 use crate::metrics::{serve, Metrics};
 use crate::reward::{RewardActor, RewardMsg, ScoredGroup};
 use crate::rollout::actor::{Purpose, RolloutArgs, RolloutMsg, RolloutRequest, RolloutResult};
@@ -273,9 +273,11 @@ pub async fn run(opts: RunOptions) -> Result<Summary, RunError> {
     let cores = std::thread::available_parallelism().map(|n| n.get()).unwrap_or(2) as i32;
 
     // The learner, warmed up with SFT.
+    let sft_steps = opts.sft_steps.unwrap_or(recipe.sft.steps);
     let sft_cfg = LearnerConfig {
         optim: AdamWConfig { lr: recipe.sft.lr, ..Default::default() },
         warmup_steps: 10,
+        schedule: LrSchedule::Cosine { total_steps: sft_steps.max(1) },
         micro_batch_size: recipe.sft.batch_size,
         seed: recipe.seed,
         ..Default::default()
@@ -283,24 +285,27 @@ pub async fn run(opts: RunOptions) -> Result<Summary, RunError> {
     let (learner, _) = Actor::spawn(None, LearnerActor, LearnerArgs { model_dir: model_dir.clone(), config: sft_cfg, threads: cores })
         .await
         .map_err(|e| RunError::Setup(format!("learner: {e}")))?;
-    let sft_steps = opts.sft_steps.unwrap_or(recipe.sft.steps);
     let mut rng = recipe.seed ^ 0x5f7;
     let mut sft_cursor = 0usize;
     // Expert conversations are rendered once per (task, strategy) and reused.
     let mut experts: HashMap<(usize, crate::warmup::Strategy), SftSequence> = HashMap::new();
+    // Batches are drawn in task order with a random strategy each (no length
+    // bucketing: batches of one length are of one task kind, and the warm-up
+    // then swings between calling and not calling — measured: 49.5% held-out
+    // success after 3,000 bucketed steps vs 76.5% after 1,500 unbucketed ones).
     for step in 0..sft_steps {
-        let mut seqs = vec![];
+        let mut seqs = Vec::with_capacity(recipe.sft.batch_size);
         for _ in 0..recipe.sft.batch_size {
-            let task = &sft_tasks[sft_cursor % sft_tasks.len()];
+            let index = sft_cursor % sft_tasks.len();
             sft_cursor += 1;
+            let task = &sft_tasks[index];
             let u = (mix(&mut rng) >> 11) as f64 / (1u64 << 53) as f64;
             let strategy = pick_strategy(&recipe.sft.mix, task, u);
-            let key = ((sft_cursor - 1) % sft_tasks.len(), strategy);
-            if !experts.contains_key(&key) {
+            if !experts.contains_key(&(index, strategy)) {
                 let ex = expert_example(&tokenizer, &registry, task, strategy, None).map_err(|e| RunError::Setup(e.to_string()))?;
-                experts.insert(key, SftSequence { token_ids: ex.token_ids, loss_mask: ex.loss_mask });
+                experts.insert((index, strategy), SftSequence { token_ids: ex.token_ids, loss_mask: ex.loss_mask });
             }
-            seqs.push(experts[&key].clone());
+            seqs.push(experts[&(index, strategy)].clone());
         }
         let stats: StepStats = ractor::call!(learner, LearnerMsg::Sft, SftBatch { sequences: seqs })
             .map_err(|e| RunError::Actor { actor: "learner", message: e.to_string() })?
