@@ -113,10 +113,11 @@ impl Transformer {
             let c = &self.config;
             let mut cache =
                 KvCache::new(c.num_layers as usize, unique.len() as i64, c.num_kv_heads, longest + max_new, c.head_dim, self.kind(), device);
-            let batch = Batch { ids: ids.shallow_clone(), positions: positions_from_valid(&valid), mask: causal_mask(&valid) };
+            let padded = unique.iter().any(|p| p.len() < longest);
+            let batch = Batch { ids: ids.shallow_clone(), positions: positions_from_valid(&valid), mask: if padded { causal_mask(&valid) } else { Tensor::new() } };
             let hidden = self.hidden_states(&batch, Some(&mut cache))?;
             let logits_u = hidden.narrow(1, longest as i64 - 1, 1).squeeze_dim(1).linear::<Tensor>(self.lm_head(), None);
-            let (mut cache, mut logits, mut valid, mut positions) = if unique.len() == b {
+            let (mut cache, mut logits, valid, mut positions) = if unique.len() == b {
                 let last = positions_from_valid(&valid).narrow(1, longest as i64 - 1, 1);
                 (cache, logits_u, valid, last)
             } else {
@@ -125,6 +126,9 @@ impl Transformer {
                 let last = positions_from_valid(&v).narrow(1, longest as i64 - 1, 1);
                 (cache.select_rows(&index), logits_u.index_select(0, &index), v, last)
             };
+            // Key slots a decode step may attend, built once: the prompt's padding is masked,
+            // every generated slot is open (a finished row keeps decoding; its tokens are dropped).
+            let slots = padded.then(|| Tensor::cat(&[valid, Tensor::ones([b as i64, max_new as i64], (Kind::Bool, device))], 1));
             let mut done = vec![false; b];
             let stop_ids: Vec<u32> = params.stop_token_ids.clone();
             for step in 0..max_new {
@@ -153,14 +157,10 @@ impl Transformer {
                 if step + 1 == max_new || done.iter().all(|&d| d) {
                     break;
                 }
-                // Feed the sampled tokens; finished rows keep decoding into masked slots.
-                let alive = Tensor::from_slice(&done.iter().map(|d| !d).collect::<Vec<bool>>()).to_device(device);
-                valid = Tensor::cat(&[&valid, &alive.unsqueeze(1)], 1);
+                // Feed the sampled tokens.
                 positions = &positions + 1;
-                let s = valid.size()[1];
-                let mask = valid.unsqueeze(1).unsqueeze(1).logical_or(
-                    &Tensor::zeros([b as i64, 1, 1, s], (Kind::Bool, device)).index_fill(3, &Tensor::from(s - 1).to_device(device), 1),
-                );
+                let s = (longest + step + 1) as i64;
+                let mask = slots.as_ref().map_or_else(Tensor::new, |m| m.narrow(1, 0, s).view([b as i64, 1, 1, s]));
                 let batch = Batch { ids: next.unsqueeze(1), positions: positions.shallow_clone(), mask };
                 logits = self.forward(&batch, Some(&mut cache))?.squeeze_dim(1);
             }

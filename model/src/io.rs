@@ -3,9 +3,11 @@
 use crate::config::ModelConfig;
 use crate::error::{io_err, ModelError, Result};
 use crate::transformer::Transformer;
-use safetensors::tensor::{Dtype, View};
+use safetensors::tensor::{Dtype, Metadata, TensorInfo, View};
 use std::borrow::Cow;
 use std::collections::{BTreeMap, HashMap};
+use std::fs::File;
+use std::io::{Read, Seek, SeekFrom};
 use std::path::{Path, PathBuf};
 use tch::{Device, Kind, Tensor};
 
@@ -77,41 +79,66 @@ impl Transformer {
             None => kind_from_name(&config.dtype).map_err(|e| ModelError::BadFile { path: dir.join("config.json"), message: e.to_string() })?,
         };
         let model = Transformer::new(config, device, kind);
-        let (path, weights) = read_weights(dir)?;
-        model.copy_from(&path, &weights)?;
+        model.load_weights(dir)?;
         Ok(model)
+    }
+
+    /// Fill the parameters from a model directory's weight files, one tensor at a
+    /// time straight from the file (shape-checked; dtype converted): no copy of the
+    /// file's tensors is held, so peak memory is the parameters plus at most one tensor.
+    pub fn load_weights(&self, dir: &Path) -> Result<()> {
+        let files = weight_files(dir)?;
+        let shown = if files.len() == 1 { files[0].clone() } else { dir.join("model.safetensors.index.json") };
+        let headers = files.iter().map(|f| read_header(f)).collect::<Result<Vec<_>>>()?;
+        let vars = self.vs.variables();
+        check_missing(&shown, &vars, |n| headers.iter().any(|(_, _, table)| table.info(n).is_some()))?;
+        let mut scratch: Vec<u64> = vec![];
+        tch::no_grad(|| -> Result<()> {
+            for (path, (mut file, data_start, table)) in files.iter().zip(headers) {
+                let mut entries: Vec<(String, &TensorInfo)> = table.tensors().into_iter().filter(|(n, _)| vars.contains_key(n)).collect();
+                entries.sort_by_key(|(_, info)| info.data_offsets.0);
+                for (name, info) in entries {
+                    let var = &vars[&name];
+                    let shape: Vec<i64> = info.shape.iter().map(|&d| d as i64).collect();
+                    check_tensor(path, &name, &shape, file_kind(info.dtype), var)?;
+                    let kind = file_kind(info.dtype).expect("checked");
+                    let (begin, end) = info.data_offsets;
+                    let bad = |message: String| ModelError::BadFile { path: path.clone(), message: format!("tensor {name}: {message}") };
+                    if end - begin != var.numel() * kind.elt_size_in_bytes() {
+                        return Err(bad(format!("{} bytes for shape {:?} of {:?}", end - begin, shape, info.dtype)));
+                    }
+                    file.seek(SeekFrom::Start(data_start + begin as u64)).map_err(io_err(path))?;
+                    if kind == var.kind() && var.device() == Device::Cpu && var.is_contiguous() {
+                        // SAFETY: `var` is a contiguous CPU tensor of exactly `end - begin` bytes, not aliased during the read.
+                        let dst = unsafe { std::slice::from_raw_parts_mut(var.data_ptr() as *mut u8, end - begin) };
+                        file.read_exact(dst).map_err(|e| bad(e.to_string()))?;
+                    } else {
+                        scratch.resize((end - begin).div_ceil(8), 0);
+                        // SAFETY: the scratch buffer holds at least `end - begin` bytes (8-byte aligned).
+                        let bytes = unsafe { std::slice::from_raw_parts_mut(scratch.as_mut_ptr() as *mut u8, end - begin) };
+                        file.read_exact(bytes).map_err(|e| bad(e.to_string()))?;
+                        // SAFETY: `src` borrows `bytes`, which outlives it (the copy below is synchronous).
+                        let src = unsafe { Tensor::from_blob(bytes.as_ptr(), &shape, &[], kind, Device::Cpu) };
+                        var.shallow_clone().copy_(&src);
+                    }
+                }
+            }
+            Ok(())
+        })
     }
 
     /// Copy named tensors into the parameters (shape-checked; dtype converted).
     pub fn copy_from(&self, path: &Path, weights: &HashMap<String, Tensor>) -> Result<()> {
         let vars = self.vs.variables();
-        let mut missing: Vec<&String> = vars.keys().filter(|n| !weights.contains_key(*n)).collect();
-        missing.sort();
-        if !missing.is_empty() {
-            let shown: Vec<&str> = missing.iter().take(5).map(|s| s.as_str()).collect();
-            let more = if missing.len() > 5 { format!(" (and {} more)", missing.len() - 5) } else { String::new() };
-            return Err(ModelError::MissingTensors { path: path.to_path_buf(), names: format!("{}{more}", shown.join(", ")) });
-        }
+        check_missing(path, &vars, |n| weights.contains_key(n))?;
         let mut names: Vec<&String> = vars.keys().collect();
         names.sort();
         tch::no_grad(|| -> Result<()> {
             for name in names {
                 let var = &vars[name];
                 let src = &weights[name];
-                if src.size() != var.size() {
-                    return Err(ModelError::BadTensor {
-                        path: path.to_path_buf(),
-                        name: name.clone(),
-                        message: format!("shape {:?} in the file, {:?} from config.json", src.size(), var.size()),
-                    });
-                }
-                if !matches!(src.kind(), Kind::Float | Kind::BFloat16 | Kind::Half | Kind::Double) {
-                    return Err(ModelError::BadTensor {
-                        path: path.to_path_buf(),
-                        name: name.clone(),
-                        message: format!("dtype {:?} is not a floating-point type", src.kind()),
-                    });
-                }
+                let kind = matches!(src.kind(), Kind::Float | Kind::BFloat16 | Kind::Half | Kind::Double).then_some(src.kind()).ok_or(src.kind());
+                check_tensor(path, name, &src.size(), kind, var)?;
                 var.shallow_clone().copy_(&src.to_kind(var.kind()).to_device(var.device()));
             }
             Ok(())
@@ -127,6 +154,58 @@ impl Transformer {
         let config = serde_json::to_string_pretty(&self.config.to_json(kind_name(kind))).expect("config serialises");
         write_atomic(&dir.join("config.json"), config.as_bytes())
     }
+}
+
+/// The tensor kind of a floating-point safetensors dtype (the dtype itself otherwise).
+fn file_kind(dtype: Dtype) -> std::result::Result<Kind, Dtype> {
+    match dtype {
+        Dtype::F32 => Ok(Kind::Float),
+        Dtype::BF16 => Ok(Kind::BFloat16),
+        Dtype::F16 => Ok(Kind::Half),
+        Dtype::F64 => Ok(Kind::Double),
+        other => Err(other),
+    }
+}
+
+/// Opens a safetensors file and reads its header: the file positioned after it,
+/// the offset where tensor data starts, and the tensor table.
+fn read_header(path: &Path) -> Result<(File, u64, Metadata)> {
+    let bad = |message: String| ModelError::BadFile { path: path.to_path_buf(), message };
+    let mut file = File::open(path).map_err(io_err(path))?;
+    let mut len = [0u8; 8];
+    file.read_exact(&mut len).map_err(|e| bad(format!("no safetensors header: {e}")))?;
+    let len = u64::from_le_bytes(len);
+    if len > 100_000_000 {
+        return Err(bad(format!("safetensors header of {len} bytes")));
+    }
+    let mut header = vec![0u8; len as usize];
+    file.read_exact(&mut header).map_err(|e| bad(format!("truncated safetensors header: {e}")))?;
+    let table: Metadata = serde_json::from_slice(&header).map_err(|e| bad(format!("bad safetensors header: {e}")))?;
+    Ok((file, 8 + len, table))
+}
+
+/// Fails with the (first few, sorted) parameter names that `present` does not find.
+fn check_missing(path: &Path, vars: &HashMap<String, Tensor>, present: impl Fn(&str) -> bool) -> Result<()> {
+    let mut missing: Vec<&String> = vars.keys().filter(|n| !present(n)).collect();
+    missing.sort();
+    if missing.is_empty() {
+        return Ok(());
+    }
+    let shown: Vec<&str> = missing.iter().take(5).map(|s| s.as_str()).collect();
+    let more = if missing.len() > 5 { format!(" (and {} more)", missing.len() - 5) } else { String::new() };
+    Err(ModelError::MissingTensors { path: path.to_path_buf(), names: format!("{}{more}", shown.join(", ")) })
+}
+
+/// Checks a stored tensor's shape and floating-point dtype (`Err`: the dtype it has) against its parameter.
+fn check_tensor<K: std::fmt::Debug>(path: &Path, name: &str, shape: &[i64], kind: std::result::Result<Kind, K>, var: &Tensor) -> Result<()> {
+    let bad = |message: String| Err(ModelError::BadTensor { path: path.to_path_buf(), name: name.to_string(), message });
+    if shape != var.size().as_slice() {
+        return bad(format!("shape {:?} in the file, {:?} from config.json", shape, var.size()));
+    }
+    if let Err(dtype) = kind {
+        return bad(format!("dtype {dtype:?} is not a floating-point type"));
+    }
+    Ok(())
 }
 
 /// Write `bytes` to `path` through a temporary file and a rename.

@@ -1,6 +1,6 @@
 //! Per-token log-probabilities of given sequences (teacher forcing).
 use crate::error::{ModelError, Result};
-use crate::transformer::{causal_mask, positions_from_valid, Batch, Transformer};
+use crate::transformer::{Batch, Transformer};
 use tch::{Kind, Tensor};
 
 /// A right-padded batch of sequences as tensors.
@@ -36,7 +36,7 @@ impl Transformer {
     /// log P(ids[:, t+1] | ids[:, ..=t]) as a `[B, T-1]` float32 tensor (differentiable;
     /// positions past a sequence's end hold garbage and must be masked by the caller).
     pub fn token_logprobs(&self, ids: &Tensor, valid: &Tensor) -> Result<Tensor> {
-        let batch = Batch { ids: ids.shallow_clone(), positions: positions_from_valid(valid), mask: causal_mask(valid) };
+        let batch = Batch::new(ids, valid);
         let logits = self.forward(&batch, None)?;
         let t = logits.size()[1];
         let logp = logits.narrow(1, 0, t - 1).to_kind(Kind::Float).log_softmax(-1, Kind::Float);
@@ -81,7 +81,7 @@ impl Transformer {
     ///
     /// `loss_mask` is `[B, T]` (the trajectory's mask over `ids`).
     pub fn masked_token_logprobs(&self, ids: &Tensor, valid: &Tensor, loss_mask: &Tensor) -> Result<MaskedLogprobs> {
-        let batch = Batch { ids: ids.shallow_clone(), positions: positions_from_valid(valid), mask: causal_mask(valid) };
+        let batch = Batch::new(ids, valid);
         let hidden = self.hidden_states(&batch, None)?;
         let (b, t) = ids.size2()?;
         let h = hidden.size()[2];

@@ -37,6 +37,10 @@ impl RmsNorm {
     /// transformers' LlamaRMSNorm / Qwen2RMSNorm: statistics in float32, scale in the input dtype.
     fn forward(&self, x: &Tensor) -> Tensor {
         let kind = x.kind();
+        if kind == Kind::Float && self.weight.kind() == Kind::Float {
+            // libtorch's fused kernel: the same float32 arithmetic in one pass.
+            return x.rms_norm([x.size()[x.dim() - 1]], Some(&self.weight), self.eps);
+        }
         let h = x.to_kind(Kind::Float);
         let var = h.pow_tensor_scalar(2).mean_dim(-1, true, Kind::Float);
         let h = h * (var + self.eps).rsqrt();
@@ -75,8 +79,19 @@ pub struct Batch {
     pub ids: Tensor,
     /// Position ids `[B, T]` (int64).
     pub positions: Tensor,
-    /// Boolean mask `[B, 1, T, S]`: query t may attend key slot s (S counts cached slots too).
+    /// Boolean mask `[B, 1, T, S]`: query t may attend key slot s (S counts cached slots too);
+    /// an undefined tensor (`Tensor::new()`) when nothing is padded: plain causal attention
+    /// over every slot, which libtorch runs without building or reading a mask.
     pub mask: Tensor,
+}
+
+impl Batch {
+    /// A batch from ids and their validity `[B, T]` (no cache before it): positions from
+    /// the validity, and an explicit mask only when some position is padding.
+    pub fn new(ids: &Tensor, valid: &Tensor) -> Batch {
+        let padded = !bool::try_from(valid.all()).unwrap_or(false);
+        Batch { ids: ids.shallow_clone(), positions: positions_from_valid(valid), mask: if padded { causal_mask(valid) } else { Tensor::new() } }
+    }
 }
 
 impl Transformer {
@@ -140,11 +155,14 @@ impl Transformer {
         names
     }
 
-    /// cos/sin tables `[B, 1, T, head_dim]` for the given positions (float32 math, then the model dtype).
+    /// cos/sin tables `[B, 1, T, head_dim]` for the given positions (float32 math, then the
+    /// model dtype); the first half of sin is negated, as rotate_half negates that half of x.
     fn rope(&self, positions: &Tensor, kind: Kind) -> (Tensor, Tensor) {
         let freqs = positions.to_kind(Kind::Float).unsqueeze(-1) * self.inv_freq.view([1, 1, -1]);
         let emb = Tensor::cat(&[&freqs, &freqs], -1);
-        (emb.cos().to_kind(kind).unsqueeze(1), emb.sin().to_kind(kind).unsqueeze(1))
+        let sin = freqs.sin();
+        let signed_sin = Tensor::cat(&[&sin.neg(), &sin], -1);
+        (emb.cos().to_kind(kind).unsqueeze(1), signed_sin.to_kind(kind).unsqueeze(1))
     }
 
     /// Logits `[B, T, V]` for a batch; with a cache, the new keys/values are
@@ -172,18 +190,30 @@ impl Transformer {
                 )));
             }
         }
+        // Without padding: nothing to mask for one query per row; libtorch's causal path for a
+        // fresh sequence; after cached slots, query i sees slots up to start + i.
+        let unmasked = !batch.mask.defined();
+        let is_causal = unmasked && t > 1 && start == 0;
+        let mask = if !unmasked {
+            Some(batch.mask.shallow_clone())
+        } else if t > 1 && start > 0 {
+            let s = start as i64 + t;
+            Some(Tensor::ones([t, s], (Kind::Bool, batch.ids.device())).tril(start as i64).view([1, 1, t, s]))
+        } else {
+            None
+        };
         for (i, layer) in self.layers.iter().enumerate() {
             let h = layer.input_norm.forward(&x);
             let q = layer.q.forward(&h).view([b, t, c.num_heads, c.head_dim]).transpose(1, 2);
             let k = layer.k.forward(&h).view([b, t, c.num_kv_heads, c.head_dim]).transpose(1, 2);
             let v = layer.v.forward(&h).view([b, t, c.num_kv_heads, c.head_dim]).transpose(1, 2);
-            let q = &q * &cos + rotate_half(&q) * &sin;
-            let k = &k * &cos + rotate_half(&k) * &sin;
+            let q = &q * &cos + swap_halves(&q) * &sin;
+            let k = &k * &cos + swap_halves(&k) * &sin;
             let (k, v) = match cache.as_deref_mut() {
                 Some(cache) => cache.append(i, start, &k, &v),
                 None => (k, v),
             };
-            let attn = Tensor::scaled_dot_product_attention(&q, &k, &v, Some(&batch.mask), 0.0, false, None, c.num_kv_heads != c.num_heads);
+            let attn = Tensor::scaled_dot_product_attention(&q, &k, &v, mask.as_ref(), 0.0, is_causal, None, c.num_kv_heads != c.num_heads);
             let attn = attn.transpose(1, 2).reshape([b, t, c.num_heads * c.head_dim]);
             x = x + layer.o.forward(&attn);
             let h = layer.post_norm.forward(&x);
@@ -209,11 +239,12 @@ impl Transformer {
     }
 }
 
-fn rotate_half(x: &Tensor) -> Tensor {
+/// transformers' rotate_half without its negation (folded into the sin table): `[x2, x1]`.
+fn swap_halves(x: &Tensor) -> Tensor {
     let half = x.size()[x.dim() - 1] / 2;
     let x1 = x.narrow(-1, 0, half);
     let x2 = x.narrow(-1, half, half);
-    Tensor::cat(&[&x2.neg(), &x1], -1)
+    Tensor::cat(&[&x2, &x1], -1)
 }
 
 /// Position ids from a validity mask `[B, T]`: `cumsum(valid) − 1`, 0 on padding (as transformers' generate).

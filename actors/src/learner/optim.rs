@@ -82,6 +82,9 @@ pub fn lr_at(peak: f64, warmup: u64, schedule: LrSchedule, step: u64) -> f64 {
     }
 }
 
+/// Elements per piece of the AdamW update (4 MiB of float32).
+const UPDATE_CHUNK: i64 = 1 << 20;
+
 /// AdamW (torch.optim.AdamW semantics) over a [`ParamSet`], with flat float32 moments.
 pub(crate) struct AdamW {
     cfg: AdamWConfig,
@@ -108,14 +111,9 @@ impl AdamW {
     pub(crate) fn update(&mut self, params: &ParamSet, lr: f64) {
         let c = self.cfg;
         self.step += 1;
+        let bc1 = 1.0 - c.beta1.powi(self.step as i32);
+        let bc2 = 1.0 - c.beta2.powi(self.step as i32);
         tch::no_grad(|| {
-            let g = &params.grads;
-            let _ = self.m.lerp_(g, 1.0 - c.beta1);
-            let _ = self.v.g_mul_scalar_(c.beta2).addcmul_(g, &(g * (1.0 - c.beta2)));
-            let bc1 = 1.0 - c.beta1.powi(self.step as i32);
-            let bc2 = 1.0 - c.beta2.powi(self.step as i32);
-            let denom = self.v.sqrt() / bc2.sqrt() + c.eps;
-            let update = (&self.m / denom) * (lr / bc1);
             for i in 0..params.tensors.len() {
                 let mut target = match &self.master {
                     Some(master) => params.view(master, i),
@@ -124,7 +122,20 @@ impl AdamW {
                 if params.decay[i] && c.weight_decay != 0.0 {
                     let _ = target.g_mul_scalar_(1.0 - lr * c.weight_decay);
                 }
-                let _ = target.g_sub_(&params.view(&update, i));
+                // Element-wise, so it runs chunk by chunk: the temporaries stay small (cache-sized,
+                // reused by the allocator) instead of several fresh buffers of the whole model.
+                let n = target.numel() as i64;
+                let flat_target = target.view([-1]);
+                let (m, v, g) = (params.view(&self.m, i).view([-1]), params.view(&self.v, i).view([-1]), params.view(&params.grads, i).view([-1]));
+                for at in (0..n).step_by(UPDATE_CHUNK as usize) {
+                    let len = UPDATE_CHUNK.min(n - at);
+                    let (m, v, g) = (m.narrow(0, at, len), v.narrow(0, at, len), g.narrow(0, at, len));
+                    let _ = m.shallow_clone().lerp_(&g, 1.0 - c.beta1);
+                    let _ = v.shallow_clone().g_mul_scalar_(c.beta2).addcmul_(&g, &(&g * (1.0 - c.beta2)));
+                    let denom = v.sqrt() / bc2.sqrt() + c.eps;
+                    let update = (&m / denom) * (lr / bc1);
+                    let _ = flat_target.narrow(0, at, len).g_sub_(&update);
+                }
                 if self.master.is_some() {
                     let _ = params.tensors[i].shallow_clone().copy_(&target);
                 }

@@ -7,7 +7,7 @@ use super::optim::{next_lr, AdamW, ParamSet};
 use super::parallel::{digest_tensors, DataParallel};
 use super::value::ValueHead;
 use rlmesh_comm::Collective;
-use rlmesh_model::transformer::{causal_mask, positions_from_valid, Batch};
+use rlmesh_model::transformer::Batch;
 use rlmesh_model::Transformer;
 use serde::{Deserialize, Serialize};
 use std::time::Instant;
@@ -535,5 +535,5 @@ impl Learner {
 }
 
 fn model_batch(ids: &Tensor, valid: &Tensor) -> Batch {
-    Batch { ids: ids.shallow_clone(), positions: positions_from_valid(valid), mask: causal_mask(valid) }
+    Batch::new(ids, valid)
 }
