@@ -286,7 +286,7 @@ fn recipe_errors_name_the_file_line_and_field() {
     let text = edit(&base, "reward = \"process\"", "");
     let err = recipe_error(&text);
     assert!(err.starts_with("configs/bad.toml:1: field \"reward\": required field is missing"), "{err}");
-    let text = edit(&base, "lr = 1e-4", "lr = \"fast\"");
+    let text = edit(&base, "lr = 3e-4", "lr = \"fast\"");
     let err = recipe_error(&text);
     assert!(err.starts_with(&format!("configs/bad.toml:{}: field \"rl.lr\": invalid type: string \"fast\"", line(&text, "\"fast\""))), "{err}");
 }

@@ -141,8 +141,9 @@ fn every_mode_trains_each_group_once_within_the_staleness_bound() {
 fn a_killed_rollout_actor_is_restarted_and_nothing_is_lost_or_doubled() {
     let rt = tokio::runtime::Runtime::new().unwrap();
     let dir = tempfile::tempdir().unwrap();
-    // The rollout actor panics on its second generation request.
-    let summary = rt.block_on(run(options(dir.path(), "sync", Some(2)))).unwrap();
+    // The rollout actor panics on its third generation request: the first RL
+    // request, after the greedy and the sampled evaluation of the warm-up.
+    let summary = rt.block_on(run(options(dir.path(), "sync", Some(3)))).unwrap();
     check_run(dir.path(), &summary, 0);
     assert!(summary.actor_restarts >= 1, "{summary:?}");
     let groups = ledger(dir.path());
