@@ -129,6 +129,19 @@ fn every_mode_trains_each_group_once_within_the_staleness_bound() {
         let summary = rt.block_on(run(opts)).unwrap();
         check_run(dir.path(), &summary, bound);
         if mode == "sync" {
+            // A second run into the same directory starts a fresh ledger; the first is kept aside.
+            let again = rt.block_on(run(options(dir.path(), mode, None))).unwrap();
+            check_run(dir.path(), &again, bound);
+            let parent = dir.path().parent().unwrap();
+            let stem = dir.path().file_name().unwrap().to_string_lossy().to_string();
+            let kept: Vec<PathBuf> = std::fs::read_dir(parent)
+                .unwrap()
+                .map(|e| e.unwrap().path())
+                .filter(|p| p.file_name().unwrap().to_string_lossy().starts_with(&format!("{stem}.prev-")))
+                .collect();
+            assert_eq!(kept.len(), 1, "{kept:?}");
+            check_run(&kept[0], &summary, bound);
+            std::fs::remove_dir_all(&kept[0]).unwrap();
             let body = scraper.join().unwrap().expect("the run reached the rl phase and served /metrics");
             for series in ["rlmesh_learner_loss", "rlmesh_reward_component", "rlmesh_trajectory_success", "rlmesh_groups_trained_total", "rlmesh_staleness_bucket", "rlmesh_weight_sync_seconds_count"] {
                 assert!(body.contains(series), "/metrics lacks {series}:\n{body}");

@@ -231,11 +231,34 @@ impl Progress {
     }
 }
 
+/// A fresh run never appends to an earlier run's ledger and logs: a non-empty
+/// `dir` is renamed to `<dir>.prev-<unix seconds>` (returned) before the run starts.
+pub fn set_aside_previous_run(dir: &Path) -> Result<Option<PathBuf>, RunError> {
+    let occupied = std::fs::read_dir(dir).map(|mut d| d.next().is_some()).unwrap_or(false);
+    if !occupied {
+        return Ok(None);
+    }
+    let secs = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_secs());
+    let mut name = dir.as_os_str().to_owned();
+    name.push(format!(".prev-{secs}"));
+    let mut target = PathBuf::from(name);
+    let mut n = 1;
+    while target.exists() {
+        let mut alt = target.as_os_str().to_owned();
+        alt.push(format!("-{n}"));
+        target = PathBuf::from(alt);
+        n += 1;
+    }
+    std::fs::rename(dir, &target).map_err(io(dir))?;
+    Ok(Some(target))
+}
+
 /// Run a recipe to the end; returns the summary (also written to `summary.json`).
 pub async fn run(opts: RunOptions) -> Result<Summary, RunError> {
     let t0 = Instant::now();
     let progress = Progress { on: opts.progress, start: t0 };
     let dir = opts.run_dir.clone();
+    let previous = set_aside_previous_run(&dir)?;
     std::fs::create_dir_all(&dir).map_err(io(&dir))?;
     let recipe = opts.recipe.clone();
     let cfg_path = dir.join("config.json");
@@ -245,6 +268,9 @@ pub async fn run(opts: RunOptions) -> Result<Summary, RunError> {
     let server = serve(metrics.registry(), opts.metrics_addr.as_str()).map_err(|e| RunError::Setup(format!("/metrics on {}: {e}", opts.metrics_addr)))?;
     let metrics_addr = server.local_addr().to_string();
     progress.line(format!("run {} → {} (metrics at http://{metrics_addr}/metrics)", recipe.name, dir.display()));
+    if let Some(p) = previous {
+        progress.line(format!("the run that was in {} is kept in {}", dir.display(), p.display()));
+    }
 
     // The policy.
     let limits = ExecLimits { timeout_ms: 2000, max_output_bytes: 2048, max_calls_per_turn: 4 };
