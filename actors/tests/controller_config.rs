@@ -286,6 +286,12 @@ fn recipe_errors_name_the_file_line_and_field() {
     let text = edit(&base, "reward = \"process\"", "");
     let err = recipe_error(&text);
     assert!(err.starts_with("configs/bad.toml:1: field \"reward\": required field is missing"), "{err}");
+    let text = edit(&base, "tokenizer = \"task\"", "tokenizer = \"gpt2\"");
+    let err = recipe_error(&text);
+    assert!(err.contains("field \"model.tokenizer\""), "{err}");
+    let text = edit(&base, "hidden = 128", "hidden = 100");
+    let err = recipe_error(&text);
+    assert!(err.contains("field \"model.hidden\": must be a multiple of 8"), "{err}");
     let text = edit(&base, "lr = 3e-4", "lr = \"fast\"");
     let err = recipe_error(&text);
     assert!(err.starts_with(&format!("configs/bad.toml:{}: field \"rl.lr\": invalid type: string \"fast\"", line(&text, "\"fast\""))), "{err}");
