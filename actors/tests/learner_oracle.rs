@@ -73,7 +73,14 @@ fn sft_step_matches_pytorch() {
     let model_dir = tiny_model(dir.path(), "m", 4);
     let config = LearnerConfig { optim: AdamWConfig { lr: 1e-3, ..Default::default() }, micro_batch_size: 3, ..Default::default() };
     let mut learner = Learner::new(Transformer::load(&model_dir, Device::Cpu, None).unwrap(), config.clone(), None).unwrap();
-    let batch = sft_batch(7, 12);
+    // Ragged rows: the learner sorts them by length into micro-batches of 3 and runs
+    // right-padded rows without an attention mask; the peer pads all 7 to one length.
+    let mut batch = sft_batch(7, 12);
+    for (i, s) in batch.sequences.iter_mut().enumerate() {
+        let len = 12 - (i * 5) % 9;
+        s.token_ids.truncate(len);
+        s.loss_mask.truncate(len);
+    }
     let stats = learner.sft_step(&batch).unwrap();
     let out = dir.path().join("torch.safetensors");
     let peer = run_peer(

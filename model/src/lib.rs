@@ -29,4 +29,4 @@ pub use config::{Architecture, ModelConfig};
 pub use error::{ModelError, Result};
 pub use generate::{Completion, FinishReason, SamplingParams};
 pub use tokenizer::Tokenizer;
-pub use transformer::Transformer;
+pub use transformer::{Batch, Transformer};

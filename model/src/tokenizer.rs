@@ -14,6 +14,9 @@ pub struct Tokenizer {
     inner: tokenizers::Tokenizer,
     template: Option<String>,
     tool_template: Option<String>,
+    /// The templates compiled on first use (rendering is per rollout turn and per
+    /// warm-up example; compiling the template each time cost more than rendering).
+    compiled: [std::sync::OnceLock<std::result::Result<Environment<'static>, String>>; 2],
     special: serde_json::Map<String, Value>,
     stop_ids: Vec<u32>,
 }
@@ -87,13 +90,14 @@ impl Tokenizer {
         }
         stop_ids.sort_unstable();
         stop_ids.dedup();
-        Ok(Tokenizer { inner, template, tool_template, special, stop_ids })
+        Ok(Tokenizer { inner, template, tool_template, compiled: Default::default(), special, stop_ids })
     }
 
     /// Replace the chat template (e.g. a tool-calling template for a model whose own has none).
     pub fn set_chat_template(&mut self, source: impl Into<String>) {
         self.template = Some(source.into());
         self.tool_template = None;
+        self.compiled = Default::default();
     }
 
     /// The chat template source, if the model has one.
@@ -132,16 +136,17 @@ impl Tokenizer {
     /// `messages` are transformers-format message objects; `null` fields are dropped
     /// (a Python dict would not carry them).
     pub fn render(&self, messages: &[Value], tools: Option<&[Value]>, add_generation_prompt: bool) -> Result<String> {
-        let source = match (tools, &self.tool_template) {
-            (Some(_), Some(t)) => t,
-            _ => self.template.as_ref().ok_or_else(|| ModelError::Template("the tokenizer has no chat template".into()))?,
+        let (slot, source) = match (tools, &self.tool_template) {
+            (Some(_), Some(t)) => (1, t),
+            _ => (0, self.template.as_ref().ok_or_else(|| ModelError::Template("the tokenizer has no chat template".into()))?),
         };
+        let env = self.compiled[slot].get_or_init(|| chat_environment(source.clone())).as_ref().map_err(|e| ModelError::Template(e.clone()))?;
         let messages: Vec<Value> = messages.iter().map(drop_nulls).collect();
         let mut ctx = self.special.clone();
         ctx.insert("messages".into(), Value::Array(messages));
         ctx.insert("tools".into(), tools.map(|t| Value::Array(t.to_vec())).unwrap_or(Value::Null));
         ctx.insert("add_generation_prompt".into(), Value::Bool(add_generation_prompt));
-        render_template(source, &Value::Object(ctx))
+        render_with(env, &Value::Object(ctx))
     }
 
     /// Render and tokenise a conversation (`apply_chat_template(tokenize=True)`).
@@ -161,6 +166,18 @@ fn drop_nulls(v: &Value) -> Value {
 
 /// Render a jinja chat template with transformers' environment settings.
 pub fn render_template(source: &str, context: &Value) -> Result<String> {
+    let env = chat_environment(source.to_string()).map_err(ModelError::Template)?;
+    render_with(&env, context)
+}
+
+fn render_with(env: &Environment<'static>, context: &Value) -> Result<String> {
+    let tmpl = env.get_template("chat").map_err(|e| ModelError::Template(e.to_string()))?;
+    tmpl.render(JValue::from_serialize(context)).map_err(|e| ModelError::Template(e.to_string()))
+}
+
+/// transformers' jinja environment (trim/lstrip blocks, no auto-escape, Python string
+/// methods, its `tojson` and `raise_exception`) holding `source` as template "chat".
+fn chat_environment(source: String) -> std::result::Result<Environment<'static>, String> {
     let mut env = Environment::new();
     env.set_trim_blocks(true);
     env.set_lstrip_blocks(true);
@@ -171,9 +188,8 @@ pub fn render_template(source: &str, context: &Value) -> Result<String> {
     env.add_function("raise_exception", |msg: String| -> std::result::Result<JValue, JError> {
         Err(JError::new(ErrorKind::InvalidOperation, msg))
     });
-    env.add_template("chat", source).map_err(|e| ModelError::Template(e.to_string()))?;
-    let tmpl = env.get_template("chat").map_err(|e| ModelError::Template(e.to_string()))?;
-    tmpl.render(JValue::from_serialize(context)).map_err(|e| ModelError::Template(e.to_string()))
+    env.add_template_owned("chat", source).map_err(|e| e.to_string())?;
+    Ok(env)
 }
 
 fn tojson_filter(value: JValue, kwargs: Kwargs) -> std::result::Result<String, JError> {

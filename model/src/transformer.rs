@@ -92,6 +92,16 @@ impl Batch {
         let padded = !bool::try_from(valid.all()).unwrap_or(false);
         Batch { ids: ids.shallow_clone(), positions: positions_from_valid(valid), mask: if padded { causal_mask(valid) } else { Tensor::new() } }
     }
+
+    /// A batch whose rows are padded only at the end (the learner's batches): plain
+    /// causal attention is exact for every valid position — a valid query only sees
+    /// earlier keys, all valid — so no mask is built or read. Outputs at padding
+    /// positions are meaningless and must not be used.
+    pub fn right_padded(ids: &Tensor) -> Batch {
+        let (b, t) = ids.size2().expect("ids are [B, T]");
+        let positions = Tensor::arange(t, (Kind::Int64, ids.device())).unsqueeze(0).expand([b, t], false);
+        Batch { ids: ids.shallow_clone(), positions, mask: Tensor::new() }
+    }
 }
 
 impl Transformer {

@@ -256,6 +256,11 @@ pub fn set_aside_previous_run(dir: &Path) -> Result<Option<PathBuf>, RunError> {
 /// Run a recipe to the end; returns the summary (also written to `summary.json`).
 pub async fn run(opts: RunOptions) -> Result<Summary, RunError> {
     let t0 = Instant::now();
+    // The controller's own tensor work (creating the tiny model) is light: on one
+    // thread it leaves no idle OpenMP team behind. libgomp counts every team's
+    // threads, and with more of them than cores it stops spin-waiting between
+    // parallel regions, which made each warm-up step much slower (measured).
+    tch::set_num_threads(1);
     let progress = Progress { on: opts.progress, start: t0 };
     let dir = opts.run_dir.clone();
     let previous = set_aside_previous_run(&dir)?;
@@ -304,7 +309,7 @@ pub async fn run(opts: RunOptions) -> Result<Summary, RunError> {
         optim: AdamWConfig { lr: recipe.sft.lr, ..Default::default() },
         warmup_steps: 10,
         schedule: LrSchedule::Cosine { total_steps: sft_steps.max(1) },
-        micro_batch_size: recipe.sft.batch_size,
+        micro_batch_size: recipe.sft.micro_batch_size.min(recipe.sft.batch_size),
         seed: recipe.seed,
         ..Default::default()
     };

@@ -73,6 +73,12 @@ impl Objective<'_> {
             Objective::Sft(b) => b.sequences.len(),
         }
     }
+    fn length(&self, i: usize) -> usize {
+        match self {
+            Objective::Policy(b) => b.sequences[i].token_ids.len(),
+            Objective::Sft(b) => b.sequences[i].token_ids.len(),
+        }
+    }
     fn masked(&self, i: usize) -> usize {
         let m = match self {
             Objective::Policy(b) => &b.sequences[i].loss_mask,
@@ -400,6 +406,10 @@ impl Learner {
         self.params.zero_grads();
         let mut sums = Sums::new();
         let device = self.model.device();
+        // Micro-batches of similar lengths pad less; the step's gradient is the same
+        // sum over its sequences whatever the grouping (weights use the step's totals).
+        let mut idx = idx.to_vec();
+        idx.sort_by_key(|&i| obj.length(i));
         for micro in idx.chunks(self.config.micro_batch_size) {
             let mb = obj.micro(micro, device);
             let loss = self.micro_loss(&mb, matches!(obj, Objective::Policy(_)), &totals, &mut sums)?;
@@ -534,6 +544,8 @@ impl Learner {
     }
 }
 
-fn model_batch(ids: &Tensor, valid: &Tensor) -> Batch {
-    Batch::new(ids, valid)
+/// The learner's batches are padded only at the end of each row ([`super::batch::Padder`]),
+/// so plain causal attention is exact for every position a loss or a caller reads.
+fn model_batch(ids: &Tensor, _valid: &Tensor) -> Batch {
+    Batch::right_padded(ids)
 }
