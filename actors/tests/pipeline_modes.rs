@@ -55,6 +55,7 @@ fn options(dir: &Path, mode: &str, panic_on: Option<u64>) -> RunOptions {
         panic_rollout_on_request: panic_on,
         progress: false,
         eval_limit: Some(4),
+        resume: false,
     }
 }
 

@@ -266,6 +266,11 @@ pub struct Rl {
     /// Staleness bound k for `async` (default 2); `sync` implies 0, `one_step_off` 1.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub max_staleness: Option<u64>,
+    /// Write a checkpoint every this many RL steps (default 25; one is also
+    /// written after the warm-up and at the end). `launcher up --resume`
+    /// restarts from the newest.
+    #[serde(default = "default_checkpoint_every")]
+    pub checkpoint_every: u64,
 }
 
 /// The mode as a recipe spells it.
@@ -307,6 +312,10 @@ fn default_clip_eps() -> f64 {
 fn default_sft_lr() -> f64 {
     1e-3
 }
+fn default_checkpoint_every() -> u64 {
+    25
+}
+
 fn default_sft_micro() -> usize {
     16
 }
@@ -381,6 +390,7 @@ impl Default for Rl {
             max_new_tokens: default_max_new_tokens(),
             mode: default_mode(),
             max_staleness: None,
+            checkpoint_every: default_checkpoint_every(),
         }
     }
 }
@@ -513,6 +523,7 @@ impl Recipe {
         positive("rl.lr", r.lr)?;
         at_least("rl.group_size", r.group_size as f64, 2.0)?;
         at_least("rl.groups_per_step", r.groups_per_step as f64, 1.0)?;
+        at_least("rl.checkpoint_every", r.checkpoint_every as f64, 1.0)?;
         positive("rl.temperature", r.temperature)?;
         at_least("rl.max_turns", r.max_turns as f64, 1.0)?;
         at_least("rl.max_new_tokens", r.max_new_tokens as f64, 1.0)?;

@@ -58,6 +58,10 @@ pub struct RunOptions {
     pub progress: bool,
     /// Evaluate on at most this many held-out tasks (tests; default: all).
     pub eval_limit: Option<usize>,
+    /// Continue the run in `run_dir` from its newest checkpoint instead of starting
+    /// afresh: groups trained after that checkpoint are rolled back in the ledger and
+    /// sent out again with the groups that were in flight, so none is trained twice.
+    pub resume: bool,
 }
 
 /// Write `status.json` (read by `launcher status` / `launcher down`).
@@ -149,17 +153,52 @@ fn mix(state: &mut u64) -> u64 {
     z ^ (z >> 31)
 }
 
-struct Jsonl(std::fs::File, PathBuf);
+struct Jsonl(std::fs::File, PathBuf, usize);
 
 impl Jsonl {
     fn create(path: PathBuf) -> Result<Jsonl, RunError> {
         let f = std::fs::OpenOptions::new().create(true).append(true).open(&path).map_err(io(&path))?;
-        Ok(Jsonl(f, path))
+        Ok(Jsonl(f, path, 0))
+    }
+    /// Opens `path` keeping only its first `rows` lines (what a checkpoint had seen).
+    fn resume(path: PathBuf, rows: usize) -> Result<Jsonl, RunError> {
+        let text = std::fs::read_to_string(&path).unwrap_or_default();
+        let keep: usize = text.split_inclusive('\n').take(rows).map(str::len).sum();
+        let f = std::fs::OpenOptions::new().create(true).append(true).open(&path).map_err(io(&path))?;
+        f.set_len(keep as u64).map_err(io(&path))?;
+        let kept = text[..keep].lines().count();
+        Ok(Jsonl(f, path, kept))
     }
     fn write(&mut self, v: &impl Serialize) -> Result<(), RunError> {
         let line = serde_json::to_string(v).expect("rows serialise");
+        self.2 += 1;
         writeln!(self.0, "{line}").map_err(io(&self.1))
     }
+    fn rows(&self) -> usize {
+        self.2
+    }
+}
+
+/// Where a resumed run picks up: the pipeline's record in a checkpoint.
+#[derive(Clone, Debug, Default, Serialize, Deserialize)]
+struct Cursor {
+    /// RL steps trained.
+    step: u64,
+    /// Next training task (equal to the next group id).
+    train_cursor: usize,
+    /// Rows in `metrics.jsonl` and `rollouts.jsonl` at the checkpoint.
+    metrics_rows: usize,
+    rollouts_rows: usize,
+    /// The held-out figures measured after the warm-up (greedy, sampled).
+    after_warmup: Value,
+    after_warmup_sampled: Value,
+}
+
+async fn checkpoint(learner: &ActorRef<LearnerMsg>, dir: &Path, version: u64, cursor: &Cursor) -> Result<PathBuf, RunError> {
+    let meta = CheckpointMeta { policy_version: version, data_cursor: serde_json::to_value(cursor).expect("json") };
+    ractor::call!(learner, LearnerMsg::Checkpoint, dir.join("checkpoints"), meta)
+        .map_err(|e| RunError::Actor { actor: "learner", message: e.to_string() })?
+        .map_err(actor_err("learner"))
 }
 
 /// Figures over a set of scored groups.
@@ -253,6 +292,40 @@ pub fn set_aside_previous_run(dir: &Path) -> Result<Option<PathBuf>, RunError> {
     Ok(Some(target))
 }
 
+/// A run can resume when its directory holds a checkpoint and was started with
+/// the same recipe (`config.json`); anything else is refused before starting.
+pub fn check_resumable(dir: &Path, recipe: &Recipe) -> Result<(), RunError> {
+    let refuse = |why: String| Err(RunError::Setup(format!("--resume: {}: {why}", dir.display())));
+    if crate::learner::list_checkpoints(&dir.join("checkpoints")).is_empty() {
+        return refuse("no checkpoint to resume from (start the run without --resume)".into());
+    }
+    let cfg_path = dir.join("config.json");
+    let stored: Value = match std::fs::read_to_string(&cfg_path).ok().and_then(|t| serde_json::from_str(&t).ok()) {
+        Some(v) => v,
+        None => return refuse("config.json is missing or unreadable".into()),
+    };
+    let ours = serde_json::to_value(recipe).expect("recipes serialise");
+    match first_difference("", stored.get("recipe").unwrap_or(&Value::Null), &ours) {
+        Some((field, was, now)) => refuse(format!("the run was started with another recipe: `{field}` was {was} in its config.json, is {now} now")),
+        None => Ok(()),
+    }
+}
+
+/// The first field where two JSON values differ: (dotted path, a's value, b's value).
+fn first_difference(path: &str, a: &Value, b: &Value) -> Option<(String, Value, Value)> {
+    match (a, b) {
+        (Value::Object(x), Value::Object(y)) => {
+            let keys: std::collections::BTreeSet<&String> = x.keys().chain(y.keys()).collect();
+            keys.into_iter().find_map(|k| {
+                let p = if path.is_empty() { k.clone() } else { format!("{path}.{k}") };
+                first_difference(&p, x.get(k).unwrap_or(&Value::Null), y.get(k).unwrap_or(&Value::Null))
+            })
+        }
+        _ if a == b => None,
+        _ => Some((if path.is_empty() { "recipe".into() } else { path.to_string() }, a.clone(), b.clone())),
+    }
+}
+
 /// Run a recipe to the end; returns the summary (also written to `summary.json`).
 pub async fn run(opts: RunOptions) -> Result<Summary, RunError> {
     let t0 = Instant::now();
@@ -263,10 +336,13 @@ pub async fn run(opts: RunOptions) -> Result<Summary, RunError> {
     tch::set_num_threads(1);
     let progress = Progress { on: opts.progress, start: t0 };
     let dir = opts.run_dir.clone();
-    let previous = set_aside_previous_run(&dir)?;
-    std::fs::create_dir_all(&dir).map_err(io(&dir))?;
     let recipe = opts.recipe.clone();
     let cfg_path = dir.join("config.json");
+    if opts.resume {
+        check_resumable(&dir, &recipe)?;
+    }
+    let previous = if opts.resume { None } else { set_aside_previous_run(&dir)? };
+    std::fs::create_dir_all(&dir).map_err(io(&dir))?;
     std::fs::write(&cfg_path, serde_json::to_string_pretty(&json!({"recipe": recipe, "rollout_actors": opts.rollout_actors})).expect("json"))
         .map_err(io(&cfg_path))?;
     let metrics = Arc::new(Metrics::new());
@@ -282,7 +358,9 @@ pub async fn run(opts: RunOptions) -> Result<Summary, RunError> {
     let registry = ToolRegistry::from_names(&recipe.tools, limits).map_err(|e| RunError::Setup(e.to_string()))?;
     let (train, mut held_out) = recipe.tasks().map_err(|e| RunError::Setup(e.to_string()))?;
     let sft_tasks = if recipe.sft.steps > 0 { recipe.sft_tasks(&held_out).map_err(|e| RunError::Setup(e.to_string()))? } else { vec![] };
-    let model_dir = if recipe.tiny_model() {
+    let model_dir = if recipe.tiny_model() && opts.resume {
+        dir.join("initial-model")
+    } else if recipe.tiny_model() {
         let d = dir.join("initial-model");
         let setup = |e: InitError| RunError::Setup(e.to_string());
         let tokenizer_dir = if recipe.model.tokenizer == "task" {
@@ -304,7 +382,7 @@ pub async fn run(opts: RunOptions) -> Result<Summary, RunError> {
     let cores = std::thread::available_parallelism().map(|n| n.get()).unwrap_or(2) as i32;
 
     // The learner, warmed up with SFT.
-    let sft_steps = opts.sft_steps.unwrap_or(recipe.sft.steps);
+    let sft_steps = if opts.resume { 0 } else { opts.sft_steps.unwrap_or(recipe.sft.steps) };
     let sft_cfg = LearnerConfig {
         optim: AdamWConfig { lr: recipe.sft.lr, ..Default::default() },
         warmup_steps: 10,
@@ -345,9 +423,20 @@ pub async fn run(opts: RunOptions) -> Result<Summary, RunError> {
             progress.line(format!("sft {}/{sft_steps} loss {:.3} ({:.0} tok/s)", step + 1, stats.loss, stats.tokens_per_s));
         }
     }
-    ractor::call!(learner, LearnerMsg::Configure, rl_learner_config(&recipe))
-        .map_err(|e| RunError::Actor { actor: "learner", message: e.to_string() })?
-        .map_err(actor_err("learner"))?;
+    let resumed: Option<(u64, Cursor)> = if opts.resume {
+        let meta = ractor::call!(learner, LearnerMsg::Resume, dir.join("checkpoints"), rl_learner_config(&recipe))
+            .map_err(|e| RunError::Actor { actor: "learner", message: e.to_string() })?
+            .map_err(actor_err("learner"))?;
+        let cursor: Cursor = serde_json::from_value(meta.data_cursor)
+            .map_err(|e| RunError::Setup(format!("--resume: the checkpoint's data cursor is not this pipeline's ({e})")))?;
+        progress.line(format!("resuming at RL step {} (policy v{})", cursor.step, meta.policy_version));
+        Some((meta.policy_version, cursor))
+    } else {
+        ractor::call!(learner, LearnerMsg::Configure, rl_learner_config(&recipe))
+            .map_err(|e| RunError::Actor { actor: "learner", message: e.to_string() })?
+            .map_err(actor_err("learner"))?;
+        None
+    };
 
     // The other actors.
     let rollout_cfg = RolloutConfig {
@@ -389,9 +478,11 @@ pub async fn run(opts: RunOptions) -> Result<Summary, RunError> {
         versions: HashMap::new(),
         next_actor: 0,
     };
-    let mut version = 0u64;
+    let mut version = resumed.as_ref().map_or(0, |r| r.0);
     driver.publish(version, true).await?;
-    let (after_warmup, after_warmup_sampled) = {
+    let (after_warmup, after_warmup_sampled) = if let Some((_, c)) = &resumed {
+        (c.after_warmup.clone(), c.after_warmup_sampled.clone())
+    } else {
         let f = figures(&driver.evaluate(&held_out, recipe.seed, true).await?);
         let fs = figures(&driver.evaluate(&held_out, recipe.seed, false).await?);
         progress.line(format!(
@@ -403,19 +494,32 @@ pub async fn run(opts: RunOptions) -> Result<Summary, RunError> {
 
     // RL.
     let mut ledger = Ledger::open(&dir)?;
+    let start = resumed.as_ref().map(|r| r.1.clone()).unwrap_or_default();
+    let mut retry: VecDeque<(u64, Task)> = VecDeque::new();
+    if resumed.is_some() {
+        // Training after the checkpoint is lost with the process: those groups, and
+        // the ones that were out, go out again (group id g is training task g).
+        ledger.rollback(start.step)?;
+        for g in ledger.in_flight() {
+            retry.push_back((g, train[g as usize % train.len()].clone()));
+        }
+        progress.line(format!("ledger: {} groups to send out again", retry.len()));
+    } else {
+        let c = Cursor { after_warmup: after_warmup.clone(), after_warmup_sampled: after_warmup_sampled.clone(), ..Default::default() };
+        checkpoint(&driver.learner, &dir, version, &c).await?;
+    }
     let mode = recipe.mode();
     let mut gate = Gate::new(mode);
     let ahead = mode.max_staleness() as usize;
     let steps = opts.max_steps.unwrap_or(recipe.rl.steps);
     let gps = recipe.rl.groups_per_step;
     let scale = recipe.scale_rewards().unwrap_or(ScaleRewards::Group);
-    let mut metrics_log = Jsonl::create(dir.join("metrics.jsonl"))?;
-    let mut rollouts_log = Jsonl::create(dir.join("rollouts.jsonl"))?;
+    let mut metrics_log = Jsonl::resume(dir.join("metrics.jsonl"), start.metrics_rows)?;
+    let mut rollouts_log = Jsonl::resume(dir.join("rollouts.jsonl"), start.rollouts_rows)?;
     let mut inflight: JoinSet<(Vec<(u64, Task)>, Result<RolloutResult, String>)> = JoinSet::new();
-    let mut retry: VecDeque<(u64, Task)> = VecDeque::new();
     let mut ready: VecDeque<ScoredGroup> = VecDeque::new();
-    let mut cursor = 0usize;
-    let mut step = 0u64;
+    let mut cursor = ledger.next_group_id() as usize;
+    let mut step = start.step;
     let mut dispatched_requests = 0u64;
     let mut gen_tokens = 0usize;
     let mut gen_seconds = 0.0f64;
@@ -557,6 +661,17 @@ pub async fn run(opts: RunOptions) -> Result<Summary, RunError> {
             metrics.learner_clip_fraction.set(stats.clip_fraction.unwrap_or(0.0));
             metrics.learner_grad_norm.set(stats.grad_norm);
             metrics_log.write(&row)?;
+            if step % recipe.rl.checkpoint_every == 0 && step < steps {
+                let c = Cursor {
+                    step,
+                    train_cursor: cursor,
+                    metrics_rows: metrics_log.rows(),
+                    rollouts_rows: rollouts_log.rows(),
+                    after_warmup: after_warmup.clone(),
+                    after_warmup_sampled: after_warmup_sampled.clone(),
+                };
+                checkpoint(&driver.learner, &dir, version, &c).await?;
+            }
             write_status(&dir, "rl", step, version, json!({"metrics_addr": metrics_addr, "tokens_per_s": row["tokens_per_s"], "staleness_max": max_stale}));
             progress.line(format!(
                 "rl {step}/{steps} v{version} reward {:.3} success {:.2} tool {:.2} unnecessary {:.2} repeated {:.2} | {:.0} gen tok/s | stale ≤{max_stale}",
@@ -602,14 +717,15 @@ pub async fn run(opts: RunOptions) -> Result<Summary, RunError> {
     ] {
         gauge.with_label_values(&["eval"]).set(f[k].as_f64().unwrap_or(0.0));
     }
-    let ckpt = ractor::call!(
-        driver.learner,
-        LearnerMsg::Checkpoint,
-        dir.join("checkpoints"),
-        CheckpointMeta { policy_version: version, data_cursor: json!({ "train_cursor": cursor, "step": step }) }
-    )
-    .map_err(|e| RunError::Actor { actor: "learner", message: e.to_string() })?
-    .map_err(actor_err("learner"))?;
+    let c = Cursor {
+        step,
+        train_cursor: cursor,
+        metrics_rows: metrics_log.rows(),
+        rollouts_rows: rollouts_log.rows(),
+        after_warmup: after_warmup.clone(),
+        after_warmup_sampled: after_warmup_sampled.clone(),
+    };
+    let ckpt = checkpoint(&driver.learner, &dir, version, &c).await?;
     for f in ["tokenizer.json", "tokenizer_config.json", "generation_config.json", "chat_template.jinja"] {
         let src = model_dir.join(f);
         if src.exists() {

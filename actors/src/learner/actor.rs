@@ -19,6 +19,10 @@ pub enum LearnerMsg {
     Snapshot(u64, RpcReplyPort<WeightUpdate>),
     /// Write a checkpoint under the root directory.
     Checkpoint(PathBuf, CheckpointMeta, RpcReplyPort<Result<PathBuf, String>>),
+    /// Replace the learner by the newest usable checkpoint under the root directory
+    /// (weights, optimiser state, step counters, RNG), trained on with `LearnerConfig`;
+    /// replies with the pipeline's record from that checkpoint.
+    Resume(PathBuf, LearnerConfig, RpcReplyPort<Result<CheckpointMeta, String>>),
 }
 
 /// Start-up arguments of the learner actor.
@@ -70,6 +74,16 @@ impl Actor for LearnerActor {
             }
             LearnerMsg::Checkpoint(root, meta, reply) => {
                 let out = device.run(move |l| l.save_checkpoint(&root, &meta).map_err(|e| e.to_string())).await?;
+                let _ = reply.send(out);
+            }
+            LearnerMsg::Resume(root, config, reply) => {
+                let out = device
+                    .run(move |l| {
+                        let r = Learner::resume(&root, config, tch::Device::Cpu, Some(tch::Kind::Float), None).map_err(|e| e.to_string())?;
+                        *l = r.learner;
+                        Ok(r.meta)
+                    })
+                    .await?;
                 let _ = reply.send(out);
             }
         }

@@ -52,9 +52,6 @@ pub fn up(a: UpArgs) -> CliResult {
         println!("{}", serde_json::to_string_pretty(&recipe)?);
         return Ok(());
     }
-    if a.resume {
-        return Err(CliError::usage(anyhow::anyhow!("--resume: not supported yet (checkpoints are written and load with Learner::resume, but the driver does not restart from them)")));
-    }
     let gpus: usize = placement.processes.iter().flat_map(|p| &p.actors).filter(|a| matches!(a.device, rlmesh_actors::controller::topology::Device::Gpu(_))).count();
     if placement.processes.len() > 1 || gpus > 0 {
         return Err(CliError::usage(anyhow::anyhow!(
@@ -79,6 +76,7 @@ pub fn up(a: UpArgs) -> CliResult {
         panic_rollout_on_request: a.panic_rollout_on_request,
         progress: true,
         eval_limit: a.eval_limit,
+        resume: a.resume,
     };
     let rt = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build().usage("starting the runtime")?;
     let summary = rt.block_on(run(opts))?;
