@@ -194,6 +194,19 @@ struct Cursor {
     after_warmup_sampled: Value,
 }
 
+impl Cursor {
+    fn at(step: u64, train_cursor: usize, metrics: &Jsonl, rollouts: &Jsonl, after_warmup: &Value, after_warmup_sampled: &Value) -> Cursor {
+        Cursor {
+            step,
+            train_cursor,
+            metrics_rows: metrics.rows(),
+            rollouts_rows: rollouts.rows(),
+            after_warmup: after_warmup.clone(),
+            after_warmup_sampled: after_warmup_sampled.clone(),
+        }
+    }
+}
+
 async fn checkpoint(learner: &ActorRef<LearnerMsg>, dir: &Path, version: u64, cursor: &Cursor) -> Result<PathBuf, RunError> {
     let meta = CheckpointMeta { policy_version: version, data_cursor: serde_json::to_value(cursor).expect("json") };
     ractor::call!(learner, LearnerMsg::Checkpoint, dir.join("checkpoints"), meta)
@@ -662,14 +675,7 @@ pub async fn run(opts: RunOptions) -> Result<Summary, RunError> {
             metrics.learner_grad_norm.set(stats.grad_norm);
             metrics_log.write(&row)?;
             if step % recipe.rl.checkpoint_every == 0 && step < steps {
-                let c = Cursor {
-                    step,
-                    train_cursor: cursor,
-                    metrics_rows: metrics_log.rows(),
-                    rollouts_rows: rollouts_log.rows(),
-                    after_warmup: after_warmup.clone(),
-                    after_warmup_sampled: after_warmup_sampled.clone(),
-                };
+                let c = Cursor::at(step, cursor, &metrics_log, &rollouts_log, &after_warmup, &after_warmup_sampled);
                 checkpoint(&driver.learner, &dir, version, &c).await?;
             }
             write_status(&dir, "rl", step, version, json!({"metrics_addr": metrics_addr, "tokens_per_s": row["tokens_per_s"], "staleness_max": max_stale}));
@@ -717,14 +723,7 @@ pub async fn run(opts: RunOptions) -> Result<Summary, RunError> {
     ] {
         gauge.with_label_values(&["eval"]).set(f[k].as_f64().unwrap_or(0.0));
     }
-    let c = Cursor {
-        step,
-        train_cursor: cursor,
-        metrics_rows: metrics_log.rows(),
-        rollouts_rows: rollouts_log.rows(),
-        after_warmup: after_warmup.clone(),
-        after_warmup_sampled: after_warmup_sampled.clone(),
-    };
+    let c = Cursor::at(step, cursor, &metrics_log, &rollouts_log, &after_warmup, &after_warmup_sampled);
     let ckpt = checkpoint(&driver.learner, &dir, version, &c).await?;
     for f in ["tokenizer.json", "tokenizer_config.json", "generation_config.json", "chat_template.jinja"] {
         let src = model_dir.join(f);
