@@ -272,7 +272,7 @@ fn recipe_errors_name_the_file_line_and_field() {
         ("temperature = 1.0", "temprature = 1.0", "temprature", "field \"rl.temprature\": unknown field `temprature`"),
         ("mode = \"one_step_off\"", "mode = \"sync\"\nmax_staleness = 2", "max_staleness = 2", "field \"rl.max_staleness\": mode \"sync\" means 0, got 2"),
         ("reward = \"process\"", "reward = \"final\"", "reward = \"final\"", "field \"reward\": unknown variant `final`"),
-        ("correct = 0.6", "correct = 0.5", "[sft.mix]", "field \"sft.mix\": shares must sum to 1, they sum to 0.9"),
+        ("correct = 0.5", "correct = 0.4", "[sft.mix]", "field \"sft.mix\": shares must sum to 1, they sum to 0.9"),
         ("name = \"grpo\"", "name = \"dr_grpo\"", "scale_rewards", "field \"estimator.scale_rewards\": dr_grpo does not scale rewards: only \"none\""),
         ("tools = [\"calculator\"]", "tools = [\"calculator\", \"abacus\"]", "abacus", "field \"tools[1]\": unknown tool \"abacus\" (known: calculator, inventory)"),
         ("group_size = 8", "group_size = 1", "group_size = 1", "field \"rl.group_size\": must be at least 2, got 1"),

@@ -163,6 +163,21 @@ impl Run {
 }
 
 /// Keys present in any of `maps`, in order of first appearance.
+/// `{"a": {"b": 1}}` → `{"a.b": 1}`.
+fn flatten(prefix: &str, map: &Map<String, Value>) -> Map<String, Value> {
+    let mut out = Map::new();
+    for (k, v) in map {
+        let key = if prefix.is_empty() { k.clone() } else { format!("{prefix}.{k}") };
+        match v {
+            Value::Object(inner) => out.extend(flatten(&key, inner)),
+            other => {
+                out.insert(key, other.clone());
+            }
+        }
+    }
+    out
+}
+
 fn union_keys<'a>(maps: impl Iterator<Item = &'a Map<String, Value>>, keep: impl Fn(&str, &Value) -> bool) -> Vec<String> {
     let mut keys: Vec<String> = vec![];
     for m in maps {
@@ -181,8 +196,10 @@ fn table(runs: &[Run]) -> String {
     let mut rows: Vec<(String, Vec<String>)> = vec![("run".into(), runs.iter().map(|r| r.dir.display().to_string()).collect())];
     rows.push(("state".into(), runs.iter().map(Run::state).collect()));
     rows.push(("held-out (summary.json)".into(), vec![String::new(); runs.len()]));
-    for key in union_keys(runs.iter().filter_map(|r| r.summary.as_ref()), |_, _| true) {
-        let cells = runs.iter().map(|r| r.summary.as_ref().and_then(|s| s.get(&key)).map_or_else(dash, |v| fmt_value(&key, v))).collect();
+    // Nested figures (after_warmup, sampled.final, groups …) get one row each.
+    let flat: Vec<Option<Map<String, Value>>> = runs.iter().map(|r| r.summary.as_ref().map(|s| flatten("", s))).collect();
+    for key in union_keys(flat.iter().flatten(), |_, _| true) {
+        let cells = flat.iter().map(|s| s.as_ref().and_then(|s| s.get(&key)).map_or_else(dash, |v| fmt_value(&key, v))).collect();
         rows.push((format!("  {key}"), cells));
     }
     rows.push(("training (first → last step)".into(), vec![String::new(); runs.len()]));
