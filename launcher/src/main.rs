@@ -51,6 +51,13 @@ enum Command {
 }
 
 fn main() -> ExitCode {
+    // Like other command-line tools, end quietly when the reader of our output goes
+    // away (`launcher report … | head`) instead of panicking on a broken pipe: Rust
+    // ignores SIGPIPE by default, so restore the default action.
+    // SAFETY: called first thing in main, before any thread exists.
+    unsafe {
+        libc::signal(libc::SIGPIPE, libc::SIG_DFL);
+    }
     let cli = Cli::parse();
     let result = match cli.command {
         Command::Up(a) => cmd::up::up(a),

@@ -60,3 +60,21 @@ fn plan_of_a_bad_file_names_file_line_and_field_and_exits_2() {
     assert_eq!(code(&o), 2);
     assert!(stderr(&o).contains("deploy/missing.toml"), "{}", stderr(&o));
 }
+
+#[test]
+fn a_closed_pipe_ends_the_launcher_quietly() {
+    // `launcher plan … | head -c0`: the reader is gone before the first write.
+    use std::os::unix::process::ExitStatusExt;
+    let mut child = std::process::Command::new(env!("CARGO_BIN_EXE_launcher"))
+        .current_dir(repo())
+        .args(["plan", "deploy/h100x32.toml", "--json"])
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    drop(child.stdout.take());
+    let out = child.wait_with_output().unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(!err.contains("panicked"), "{err}");
+    assert_eq!(out.status.signal(), Some(13), "ended by SIGPIPE, not {:?}", out.status);
+}
