@@ -92,6 +92,14 @@ fn a_killed_run_resumes_without_training_a_group_twice() {
     assert_ne!(o.status.code(), Some(0));
     assert!(String::from_utf8_lossy(&o.stderr).contains("the run was started with another recipe: `rl.lr` was 0.0001 in its config.json, is 0.0002 now"), "{}", String::from_utf8_lossy(&o.stderr));
 
+    // A copy whose ledger lost its records is refused, not resumed.
+    let damaged = tmp.path().join("damaged");
+    assert!(Command::new("cp").arg("-a").arg(&run).arg(&damaged).status().unwrap().success());
+    std::fs::write(damaged.join("ledger.jsonl"), "").unwrap();
+    let o = up(&recipe, &damaged, &["--resume"]).output().unwrap();
+    assert_ne!(o.status.code(), Some(0));
+    assert!(String::from_utf8_lossy(&o.stderr).contains("the ledger lost records, refusing to resume"), "{}", String::from_utf8_lossy(&o.stderr));
+
     // Resume to the end.
     let o = up(&recipe, &run, &["--resume"]).output().unwrap();
     let err = String::from_utf8_lossy(&o.stderr);

@@ -510,6 +510,17 @@ pub async fn run(opts: RunOptions) -> Result<Summary, RunError> {
     let start = resumed.as_ref().map(|r| r.1.clone()).unwrap_or_default();
     let mut retry: VecDeque<(u64, Task)> = VecDeque::new();
     if resumed.is_some() {
+        // The ledger is written before the checkpoint that counts it: one that has
+        // seen fewer groups than the checkpoint lost records, and resuming from it
+        // could train a group twice.
+        if (ledger.next_group_id() as usize) < start.train_cursor {
+            return Err(RunError::Setup(format!(
+                "--resume: {} records {} groups but the checkpoint saw {}: the ledger lost records, refusing to resume",
+                ledger.path().display(),
+                ledger.next_group_id(),
+                start.train_cursor
+            )));
+        }
         // Training after the checkpoint is lost with the process: those groups, and
         // the ones that were out, go out again (group id g is training task g).
         ledger.rollback(start.step)?;
