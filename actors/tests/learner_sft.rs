@@ -34,8 +34,8 @@ fn three_hundred_sft_steps_bring_the_loss_below_0_05() {
 
 #[test]
 fn micro_batch_size_does_not_change_the_step() {
-    // A step's sequences are sorted by length and cut into micro-batches; the
-    // update is the whole batch's gradient whatever the cut.
+    // A step's sequences are sorted by length, packed into rows (or not) and cut
+    // into micro-batches; the update is the whole batch's gradient whatever the cut.
     tch::set_num_threads(1);
     let dir = tempfile::tempdir().unwrap();
     let model_dir = tiny_model(dir.path(), "m", 5);
@@ -45,23 +45,27 @@ fn micro_batch_size_does_not_change_the_step() {
         s.token_ids.truncate(len);
         s.loss_mask.truncate(len);
     }
-    let step = |micro: usize| {
-        let config = LearnerConfig { optim: AdamWConfig { lr: 1e-3, ..Default::default() }, micro_batch_size: micro, ..Default::default() };
+    let step = |micro: usize, pack_sft: bool| {
+        let config = LearnerConfig { optim: AdamWConfig { lr: 1e-3, ..Default::default() }, micro_batch_size: micro, pack_sft, ..Default::default() };
         let mut learner = Learner::new(Transformer::load(&model_dir, Device::Cpu, None).unwrap(), config, None).unwrap();
         let stats = learner.sft_step(&batch).unwrap();
         (stats, learner.gradients(), learner.model().vs.trainable_variables())
     };
-    let (whole, g_whole, p_whole) = step(16);
-    let (cut, g_cut, p_cut) = step(2);
-    assert!((whole.loss - cut.loss).abs() < 1e-6, "loss {} vs {}", whole.loss, cut.loss);
-    assert_eq!(whole.tokens, cut.tokens);
-    for ((name, a), (_, b)) in g_whole.iter().zip(&g_cut) {
-        let scale = a.abs().max().double_value(&[]).max(1e-3);
-        let d = max_diff(a, b);
-        assert!(d < 1e-5 * scale, "{name}: gradients differ by {d} (largest {scale})");
+    // One micro-batch of packed rows, packed rows two at a time, and one padded
+    // sequence per row two at a time (no packing).
+    let (whole, g_whole, p_whole) = step(16, true);
+    for (micro, pack) in [(2, true), (2, false)] {
+        let (cut, g_cut, p_cut) = step(micro, pack);
+        assert!((whole.loss - cut.loss).abs() < 1e-6, "micro {micro}, packed {pack}: loss {} vs {}", whole.loss, cut.loss);
+        assert_eq!(whole.tokens, cut.tokens);
+        for ((name, a), (_, b)) in g_whole.iter().zip(&g_cut) {
+            let scale = a.abs().max().double_value(&[]).max(1e-3);
+            let d = max_diff(a, b);
+            assert!(d < 1e-5 * scale, "micro {micro}, packed {pack}: {name}: gradients differ by {d} (largest {scale})");
+        }
+        // Adam divides by √v, so float noise in tiny gradients shows in the update:
+        // 1% of the learning rate is the bound.
+        let moved = p_whole.iter().zip(&p_cut).map(|(a, b)| max_diff(a, b)).fold(0.0, f64::max);
+        assert!(moved < 1e-5, "micro {micro}, packed {pack}: parameters differ by {moved} after one step");
     }
-    // Adam divides by √v, so float noise in tiny gradients shows in the update:
-    // 1% of the learning rate is the bound.
-    let moved = p_whole.iter().zip(&p_cut).map(|(a, b)| max_diff(a, b)).fold(0.0, f64::max);
-    assert!(moved < 1e-5, "parameters differ by {moved} after one step");
 }

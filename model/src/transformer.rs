@@ -102,6 +102,34 @@ impl Batch {
         let positions = Tensor::arange(t, (Kind::Int64, ids.device())).unsqueeze(0).expand([b, t], false);
         Batch { ids: ids.shallow_clone(), positions, mask: Tensor::new() }
     }
+
+    /// A batch whose rows each hold several sequences end to end (`lengths[r]`: the
+    /// lengths of row r's sequences, in order; the rest of the row is padding). A token
+    /// attends only to earlier tokens of its own sequence and positions restart at each
+    /// sequence, so every sequence computes what it computes alone. Outputs at padding
+    /// positions are meaningless and must not be used.
+    pub fn packed(ids: &Tensor, lengths: &[Vec<usize>]) -> Batch {
+        let (b, t) = ids.size2().expect("ids are [B, T]");
+        assert_eq!(b as usize, lengths.len(), "one list of lengths per row");
+        let (mut positions, mut segments) = (vec![0i64; (b * t) as usize], vec![-1i64; (b * t) as usize]);
+        for (r, row) in lengths.iter().enumerate() {
+            let mut at = r * t as usize;
+            for (s, &n) in row.iter().enumerate() {
+                assert!(at + n <= (r + 1) * t as usize, "row {r}'s sequences are longer than the row");
+                for j in 0..n {
+                    positions[at + j] = j as i64;
+                    segments[at + j] = s as i64;
+                }
+                at += n;
+            }
+        }
+        let device = ids.device();
+        let segments = Tensor::from_slice(&segments).view([b, t]).to_device(device);
+        let same = segments.unsqueeze(2).eq_tensor(&segments.unsqueeze(1));
+        let causal = Tensor::ones([t, t], (Kind::Bool, device)).tril(0);
+        let mask = same.logical_and(&causal).unsqueeze(1);
+        Batch { ids: ids.shallow_clone(), positions: Tensor::from_slice(&positions).view([b, t]).to_device(device), mask }
+    }
 }
 
 impl Transformer {

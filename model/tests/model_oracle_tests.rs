@@ -202,3 +202,42 @@ fn right_padded_batches_need_no_mask() {
     // And the padding really is there (the test would be vacuous otherwise).
     assert!(!bool::try_from(p.valid.all()).unwrap());
 }
+
+#[test]
+fn packed_rows_compute_each_sequence_alone() {
+    // The learner packs several SFT sequences into one row: each must get the hidden
+    // states it gets in a row of its own (positions restart, no attention across).
+    let dir = tempfile::tempdir().unwrap();
+    let m = tiny_model(dir.path(), "llama", true, false, 13, &[]);
+    let model = Transformer::load(&m, Device::Cpu, None).unwrap();
+    let seqs = sequences(&[7, 12, 5, 9, 3], 49152, 8);
+    let rows: Vec<Vec<usize>> = vec![vec![0, 1, 2], vec![3, 4]];
+    let width = 26;
+    let mut ids = vec![0i64; rows.len() * width];
+    for (r, row) in rows.iter().enumerate() {
+        let flat: Vec<u32> = row.iter().flat_map(|&i| seqs[i].clone()).collect();
+        for (j, &x) in flat.iter().enumerate() {
+            ids[r * width + j] = x as i64;
+        }
+    }
+    let ids = tch::Tensor::from_slice(&ids).view([rows.len() as i64, width as i64]);
+    let lengths: Vec<Vec<usize>> = rows.iter().map(|row| row.iter().map(|&i| seqs[i].len()).collect()).collect();
+    let packed = model.hidden_states(&rlmesh_model::Batch::packed(&ids, &lengths), None).unwrap();
+    let mut worst = 0.0f64;
+    for (r, row) in rows.iter().enumerate() {
+        let mut at = 0;
+        for &i in row {
+            let n = seqs[i].len() as i64;
+            let alone_ids = tch::Tensor::from_slice(&seqs[i].iter().map(|&x| x as i64).collect::<Vec<_>>()).view([1, n]);
+            let alone = model.hidden_states(&rlmesh_model::Batch::right_padded(&alone_ids), None).unwrap();
+            let mine = packed.get(r as i64).narrow(0, at, n).unsqueeze(0);
+            worst = worst.max((&alone - &mine).abs().max().double_value(&[]));
+            at += n;
+        }
+    }
+    assert!(worst < 1e-5, "a packed sequence differs from itself alone by {worst}");
+    // Without the packing mask the later sequences would see the earlier ones.
+    let leaky = model.hidden_states(&rlmesh_model::Batch::right_padded(&ids), None).unwrap();
+    let second = (leaky.get(0).narrow(0, 7, 12) - packed.get(0).narrow(0, 7, 12)).abs().max().double_value(&[]);
+    assert!(second > 1e-3, "packing made no difference ({second}): the test would be vacuous");
+}

@@ -144,6 +144,27 @@ pub(crate) struct MicroBatch {
     pub returns: Option<Tensor>,
     /// Tokens in the micro-batch (all positions, not only masked ones).
     pub tokens: usize,
+    /// Rows holding several sequences end to end: the lengths of each row's sequences.
+    pub packing: Option<Vec<Vec<usize>>>,
+}
+
+/// Sequences `idx` (of lengths `len(i)`) packed first-fit, longest first, into rows as
+/// long as the longest of them: each row lists its sequences in order.
+pub(crate) fn pack(idx: &[usize], len: impl Fn(usize) -> usize) -> Vec<Vec<usize>> {
+    let mut order = idx.to_vec();
+    order.sort_by_key(|&i| std::cmp::Reverse(len(i)));
+    let cap = order.first().map_or(0, |&i| len(i));
+    let mut rows: Vec<(usize, Vec<usize>)> = vec![];
+    for i in order {
+        match rows.iter_mut().find(|(used, _)| used + len(i) <= cap) {
+            Some((used, row)) => {
+                *used += len(i);
+                row.push(i);
+            }
+            None => rows.push((len(i), vec![i])),
+        }
+    }
+    rows.into_iter().map(|(_, row)| row).collect()
 }
 
 /// Pads rows of ids (and row-aligned token arrays) to the longest row.
@@ -187,21 +208,30 @@ impl Padder {
 }
 
 impl MicroBatch {
-    /// The micro-batch of SFT sequences `idx`.
-    pub(crate) fn sft(batch: &SftBatch, idx: &[usize], device: Device) -> MicroBatch {
-        let rows = || idx.iter().map(|&i| &batch.sequences[i]);
-        let p = Padder::new(rows().map(|s| s.token_ids.len()), device);
-        let (ids, valid) = p.ids(rows().map(|s| s.token_ids.as_slice()));
+    /// The micro-batch of SFT sequences in `rows` (sequence indices): `packed`, rows hold
+    /// several sequences ([`pack`]) under a block-diagonal mask; else one sequence each,
+    /// right-padded. A sequence's first token is never a target (in a packed row the
+    /// position before it belongs to another sequence).
+    pub(crate) fn sft(batch: &SftBatch, rows: &[Vec<usize>], packed: bool, device: Device) -> MicroBatch {
+        let seqs = |row: &Vec<usize>| row.iter().map(|&i| &batch.sequences[i]).collect::<Vec<_>>();
+        let flat_ids: Vec<Vec<u32>> = rows.iter().map(|row| seqs(row).iter().flat_map(|s| s.token_ids.iter().copied()).collect()).collect();
+        let flat_mask: Vec<Vec<u8>> = rows
+            .iter()
+            .map(|row| seqs(row).iter().flat_map(|s| s.loss_mask.iter().enumerate().map(|(j, &m)| if j == 0 { 0 } else { m })).collect())
+            .collect();
+        let p = Padder::new(flat_ids.iter().map(Vec::len), device);
+        let (ids, valid) = p.ids(flat_ids.iter().map(Vec::as_slice));
         MicroBatch {
             ids,
             valid,
-            mask: p.shifted(rows().map(|s| s.loss_mask.as_slice())),
+            mask: p.shifted(flat_mask.iter().map(Vec::as_slice)),
             advantages: None,
             behaviour: None,
             ref_logprobs: None,
             values: None,
             returns: None,
-            tokens: rows().map(|s| s.token_ids.len()).sum(),
+            tokens: flat_ids.iter().map(Vec::len).sum(),
+            packing: packed.then(|| rows.iter().map(|row| seqs(row).iter().map(|s| s.token_ids.len()).collect()).collect()),
         }
     }
 
@@ -223,6 +253,7 @@ impl MicroBatch {
             values: optional(|s| &s.values),
             returns: optional(|s| &s.returns),
             tokens: rows().map(|s| s.token_ids.len()).sum(),
+            packing: None,
         }
     }
 

@@ -105,8 +105,13 @@ pub struct LearnerConfig {
     pub schedule: LrSchedule,
     /// Gradient-norm clip (None: no clipping).
     pub max_grad_norm: Option<f64>,
-    /// Sequences per micro-batch (per rank): gradients are accumulated over micro-batches.
+    /// Rows per micro-batch (per rank): gradients are accumulated over micro-batches. A
+    /// policy row is one sequence; an SFT row packs sequences up to the longest one's
+    /// length when `pack_sft` is on, else holds one.
     pub micro_batch_size: usize,
+    /// Pack several SFT sequences into each row (a block-diagonal attention mask keeps
+    /// them apart) instead of padding each to its micro-batch's longest (default on).
+    pub pack_sft: bool,
     /// Optimizer steps per epoch over a batch (the batch is split into this many mini-batches).
     pub mini_batches: usize,
     /// Passes over each batch (PPO epochs).
@@ -139,6 +144,7 @@ impl Default for LearnerConfig {
             schedule: LrSchedule::Constant,
             max_grad_norm: Some(1.0),
             micro_batch_size: 4,
+            pack_sft: true,
             mini_batches: 1,
             ppo_epochs: 1,
             clip: ClipParams::default(),

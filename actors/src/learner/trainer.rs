@@ -86,10 +86,23 @@ impl Objective<'_> {
         };
         m.iter().map(|&x| x as usize).sum()
     }
-    fn micro(&self, idx: &[usize], device: tch::Device) -> MicroBatch {
+    /// The step's micro-batches over `idx`: lists of rows, each row a list of sequences.
+    /// SFT packs several sequences into a row (its loss is a plain token mean, blind to
+    /// rows); policy losses aggregate per sequence, so a policy row holds one sequence.
+    /// Sequences of similar lengths share a micro-batch either way, which pads less.
+    fn plan(&self, idx: &[usize], micro_batch_size: usize, pack_sft: bool) -> Vec<Vec<Vec<usize>>> {
+        let mut idx = idx.to_vec();
+        idx.sort_by_key(|&i| self.length(i));
+        let rows: Vec<Vec<usize>> = match self {
+            Objective::Sft(_) if pack_sft => super::batch::pack(&idx, |i| self.length(i)),
+            _ => idx.iter().map(|&i| vec![i]).collect(),
+        };
+        rows.chunks(micro_batch_size.max(1)).map(<[_]>::to_vec).collect()
+    }
+    fn micro(&self, rows: &[Vec<usize>], pack_sft: bool, device: tch::Device) -> MicroBatch {
         match self {
-            Objective::Policy(b) => MicroBatch::train(b, idx, device),
-            Objective::Sft(b) => MicroBatch::sft(b, idx, device),
+            Objective::Policy(b) => MicroBatch::train(b, &rows.concat(), device),
+            Objective::Sft(b) => MicroBatch::sft(b, rows, pack_sft, device),
         }
     }
 }
@@ -406,12 +419,10 @@ impl Learner {
         self.params.zero_grads();
         let mut sums = Sums::new();
         let device = self.model.device();
-        // Micro-batches of similar lengths pad less; the step's gradient is the same
-        // sum over its sequences whatever the grouping (weights use the step's totals).
-        let mut idx = idx.to_vec();
-        idx.sort_by_key(|&i| obj.length(i));
-        for micro in idx.chunks(self.config.micro_batch_size) {
-            let mb = obj.micro(micro, device);
+        // The step's gradient is the same sum over its sequences whatever the grouping
+        // into rows and micro-batches (weights use the step's totals).
+        for rows in obj.plan(idx, self.config.micro_batch_size, self.config.pack_sft) {
+            let mb = obj.micro(&rows, self.config.pack_sft, device);
             let loss = self.micro_loss(&mb, matches!(obj, Objective::Policy(_)), &totals, &mut sums)?;
             loss.f_backward()?;
             self.params.accumulate_grads();
@@ -466,7 +477,11 @@ impl Learner {
     }
 
     fn forward(&self, mb: &MicroBatch, entropy_grad: bool) -> Result<Forward> {
-        let h = self.model.hidden_states(&model_batch(&mb.ids, &mb.valid), None)?;
+        let batch = match &mb.packing {
+            Some(lengths) => Batch::packed(&mb.ids, lengths),
+            None => model_batch(&mb.ids, &mb.valid),
+        };
+        let h = self.model.hidden_states(&batch, None)?;
         let (b, t, width) = h.size3()?;
         let h = h.narrow(1, 0, t - 1);
         // The vocabulary projection runs only where a loss reads it (the masked targets):
