@@ -1,5 +1,8 @@
 //! Probe: how well does SFT on expert trajectories teach the tiny policy the calculator?
-//! usage: warmup_probe TOKENIZER_DIR STEPS [hidden layers lr batch]
+//! usage: [THREADS=n HEADS=n KV_HEADS=n SEED=n VOCAB=n PACK=0|1 MICRO=n] warmup_probe TOKENIZER_DIR|task STEPS [hidden layers lr batch]
+//! Trains on correct demonstrations only, then reports greedy success on 100 held-out
+//! tasks of the mix and on 100 of the one template that reverses the operands
+//! ("subtract X from Y": a = Y, b = X).
 use rlmesh_actors::controller::init::{create_tiny_model, TinySpec};
 use rlmesh_actors::learner::{AdamWConfig, Learner, LearnerConfig, SftBatch, SftSequence};
 use rlmesh_actors::rollout::{rollout_groups, RolloutConfig};
@@ -38,8 +41,11 @@ fn main() {
     } else {
         tokdir
     };
-    let spec = TinySpec { hidden, layers, heads: 4, kv_heads: 2, intermediate: hidden * 3 };
-    let m = create_tiny_model(dir.path(), &tokdir, spec, 0).unwrap();
+    let heads: i64 = std::env::var("HEADS").ok().map(|v| v.parse().unwrap()).unwrap_or(4);
+    let kv_heads: i64 = std::env::var("KV_HEADS").ok().map(|v| v.parse().unwrap()).unwrap_or(2);
+    let spec = TinySpec { hidden, layers, heads, kv_heads, intermediate: hidden * 3 };
+    let seed: u64 = std::env::var("SEED").ok().map(|v| v.parse().unwrap()).unwrap_or(0);
+    let m = create_tiny_model(dir.path(), &tokdir, spec, seed).unwrap();
     let tok = Tokenizer::load(&m).unwrap();
     let model = Transformer::load(&m, tch::Device::Cpu, None).unwrap();
     let t0 = Instant::now();
@@ -53,7 +59,9 @@ fn main() {
     let mean_len = examples.iter().map(|e| e.token_ids.len()).sum::<usize>() as f64 / examples.len() as f64;
     eprintln!("built {} examples in {:.1}s; mean len {mean_len:.1}; vocab {}", examples.len(), t0.elapsed().as_secs_f64(), tok.vocab_size());
     eprintln!("example: {:?}", examples[0].token_ids.iter().map(|&i| tok.decode(&[i], false).unwrap()).collect::<Vec<_>>());
-    let cfg = LearnerConfig { optim: AdamWConfig { lr, ..Default::default() }, micro_batch_size: bs, warmup_steps: 10, schedule: rlmesh_actors::learner::LrSchedule::Cosine { total_steps: steps as u64 }, ..Default::default() };
+    let pack_sft = std::env::var("PACK").map_or(true, |v| v != "0");
+    let micro: usize = std::env::var("MICRO").ok().map(|v| v.parse().unwrap()).unwrap_or(bs);
+    let cfg = LearnerConfig { optim: AdamWConfig { lr, ..Default::default() }, micro_batch_size: micro, pack_sft, warmup_steps: 10, schedule: rlmesh_actors::learner::LrSchedule::Cosine { total_steps: steps as u64 }, ..Default::default() };
     let mut learner = Learner::new(model, cfg, None).unwrap();
     let t0 = Instant::now();
     for s in 0..steps {
@@ -64,15 +72,18 @@ fn main() {
         }
     }
     let rc = RolloutConfig { group_size: 1, max_turns: 3, max_tokens: 200, sampling: SamplingParams { max_new_tokens: 60, temperature: 0.0, ..Default::default() }, system_prompt: None };
-    let tasks: Vec<(u64, rlmesh_core::Task)> = test.iter().take(100).cloned().enumerate().map(|(i, t)| (i as u64, t)).collect();
+    // 100 held-out tasks of the mix, then 100 of the one template that reverses the operands ("subtract X from Y").
+    let reversed: Vec<rlmesh_core::Task> = generate(&MixConfig { size: 40000, tool_fraction: 1.0, multi_step_fraction: 0.0, inventory: false, seed: 3 })
+        .unwrap()
+        .into_iter()
+        .filter(|t| t.prompt.contains(" from ") && !held.contains(&rlmesh_core::dataset::task_key(t)) && !train.iter().any(|u| u.prompt == t.prompt))
+        .take(100)
+        .collect();
+    let tasks: Vec<(u64, rlmesh_core::Task)> = test.iter().take(100).chain(reversed.iter()).cloned().enumerate().map(|(i, t)| (i as u64, t)).collect();
     let t0 = Instant::now();
     let groups = rollout_groups(learner.model(), &tok, &reg, &tasks, &rc, 0, 0).unwrap();
-    let mut ok = 0;
-    for g in &groups {
-        let o = trajectory_outcome(&g.task, &g.trajectories[0]);
-        ok += o.success as usize;
-    }
-    eprintln!("eval {:.1}s: success {}/{}", t0.elapsed().as_secs_f64(), ok, groups.len());
+    let ok = |gs: &[rlmesh_core::Group]| gs.iter().filter(|g| trajectory_outcome(&g.task, &g.trajectories[0]).success).count();
+    eprintln!("eval {:.1}s: success {}/100 on the mix, {}/{} on subtract-from", t0.elapsed().as_secs_f64(), ok(&groups[..100]), ok(&groups[100..]), groups.len() - 100);
     let failed = groups.iter().filter(|g| !trajectory_outcome(&g.task, &g.trajectories[0]).success);
     for g in failed.take(6) {
         eprintln!("---- {} (expected {:?})\n{}", g.task.prompt, g.task.expected_answer, g.trajectories[0].completion);
