@@ -434,7 +434,7 @@ impl Recipe {
         self.model.path == "tiny"
     }
 
-    /// The tiny model's shape (four query heads, two key/value heads, MLP 3× wide).
+    /// The tiny model's shape (width, layers and heads from the recipe; MLP 3× wide).
     pub fn tiny_spec(&self) -> super::init::TinySpec {
         let h = self.model.hidden;
         super::init::TinySpec { hidden: h, layers: self.model.layers, heads: self.model.heads, kv_heads: self.model.kv_heads, intermediate: 3 * h }
