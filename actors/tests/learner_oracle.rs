@@ -21,14 +21,25 @@ fn compare(learner: &Learner, stats: &StepStats, peer: &Value, out: &std::path::
     let grads = learner.gradients();
     let params: std::collections::HashMap<String, Tensor> =
         learner.model().vs.variables().into_iter().collect();
+    let (mut compared, mut total) = (0i64, 0i64);
     for (name, g) in &grads {
         let tg = &theirs[&format!("grad.{name}")];
         let scale = tg.abs().max().double_value(&[]).max(1e-4);
         assert!(max_diff(g, tg) / scale < 1e-4, "gradient of {name}: max diff {} at scale {scale}", max_diff(g, tg));
         if let Some(p) = params.get(name) {
-            assert!(max_diff(p, &theirs[&format!("param.{name}")]) < 2e-6, "parameter {name} after the step");
+            // AdamW's first update is lr·g/(|g| + ε) ≈ lr·sign(g): where |g| is inside the
+            // gradient tolerance its sign is float noise (another summation order flips it,
+            // and the parameter moves 2·lr the other way), so parameters are compared where
+            // the gradient is clearly determined; the gradient check above covers the rest.
+            let determined = tg.abs().gt(2e-4 * scale);
+            let diff = (p - &theirs[&format!("param.{name}")]).abs().masked_select(&determined);
+            let worst = if diff.numel() > 0 { diff.max().double_value(&[]) } else { 0.0 };
+            assert!(worst < 2e-6, "parameter {name} after the step: max diff {worst} where its gradient is determined");
+            compared += diff.numel() as i64;
+            total += p.numel() as i64;
         }
     }
+    assert!(compared * 2 > total, "only {compared} of {total} parameters compared: the check would be vacuous");
 }
 
 #[test]
