@@ -213,12 +213,10 @@ impl MicroBatch {
     /// right-padded. A sequence's first token is never a target (in a packed row the
     /// position before it belongs to another sequence).
     pub(crate) fn sft(batch: &SftBatch, rows: &[Vec<usize>], packed: bool, device: Device) -> MicroBatch {
-        let seqs = |row: &Vec<usize>| row.iter().map(|&i| &batch.sequences[i]).collect::<Vec<_>>();
-        let flat_ids: Vec<Vec<u32>> = rows.iter().map(|row| seqs(row).iter().flat_map(|s| s.token_ids.iter().copied()).collect()).collect();
-        let flat_mask: Vec<Vec<u8>> = rows
-            .iter()
-            .map(|row| seqs(row).iter().flat_map(|s| s.loss_mask.iter().enumerate().map(|(j, &m)| if j == 0 { 0 } else { m })).collect())
-            .collect();
+        let rows: Vec<Vec<&SftSequence>> = rows.iter().map(|row| row.iter().map(|&i| &batch.sequences[i]).collect()).collect();
+        let flat_ids: Vec<Vec<u32>> = rows.iter().map(|row| row.iter().flat_map(|s| s.token_ids.iter().copied()).collect()).collect();
+        let flat_mask: Vec<Vec<u8>> =
+            rows.iter().map(|row| row.iter().flat_map(|s| s.loss_mask.iter().enumerate().map(|(j, &m)| if j == 0 { 0 } else { m })).collect()).collect();
         let p = Padder::new(flat_ids.iter().map(Vec::len), device);
         let (ids, valid) = p.ids(flat_ids.iter().map(Vec::as_slice));
         MicroBatch {
@@ -231,7 +229,7 @@ impl MicroBatch {
             values: None,
             returns: None,
             tokens: flat_ids.iter().map(Vec::len).sum(),
-            packing: packed.then(|| rows.iter().map(|row| seqs(row).iter().map(|s| s.token_ids.len()).collect()).collect()),
+            packing: packed.then(|| rows.iter().map(|row| row.iter().map(|s| s.token_ids.len()).collect()).collect()),
         }
     }
 

@@ -91,11 +91,13 @@ impl Objective<'_> {
     /// rows); policy losses aggregate per sequence, so a policy row holds one sequence.
     /// Sequences of similar lengths share a micro-batch either way, which pads less.
     fn plan(&self, idx: &[usize], micro_batch_size: usize, pack_sft: bool) -> Vec<Vec<Vec<usize>>> {
-        let mut idx = idx.to_vec();
-        idx.sort_by_key(|&i| self.length(i));
         let rows: Vec<Vec<usize>> = match self {
-            Objective::Sft(_) if pack_sft => super::batch::pack(&idx, |i| self.length(i)),
-            _ => idx.iter().map(|&i| vec![i]).collect(),
+            Objective::Sft(_) if pack_sft => super::batch::pack(idx, |i| self.length(i)),
+            _ => {
+                let mut idx = idx.to_vec();
+                idx.sort_by_key(|&i| self.length(i));
+                idx.iter().map(|&i| vec![i]).collect()
+            }
         };
         rows.chunks(micro_batch_size.max(1)).map(<[_]>::to_vec).collect()
     }
