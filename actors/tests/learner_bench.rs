@@ -51,6 +51,8 @@ fn bench_learner_step_vs_pytorch_eager() {
         threads,
         device,
         kind,
+        rounds: 1,
+        peer_fused_adamw: false,
     };
     let tiny = bench_learner_step(&base(tiny_model(dir.path(), "tiny", 1), 8, 64, 20)).unwrap();
     let (b, t, iters) = if cuda { (8, 512, 10) } else { (4, 128, 3) };

@@ -58,6 +58,8 @@ fn main() -> ExitCode {
     unsafe {
         libc::signal(libc::SIGPIPE, libc::SIG_DFL);
     }
+    // Large per-step temporaries stay in the heap instead of being unmapped and faulted in again.
+    rlmesh_actors::learner::retain_freed_memory();
     let cli = Cli::parse();
     let result = match cli.command {
         Command::Up(a) => cmd::up::up(a),

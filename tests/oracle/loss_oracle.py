@@ -142,7 +142,8 @@ class Setup:
         decay = [p for p in self.params if p.dim() >= 2]
         rest = [p for p in self.params if p.dim() < 2]
         self.opt = torch.optim.AdamW([{"params": decay, "weight_decay": o["weight_decay"]}, {"params": rest, "weight_decay": 0.0}],
-                                     lr=o["lr"], betas=(o["beta1"], o["beta2"]), eps=o["eps"])
+                                     lr=o["lr"], betas=(o["beta1"], o["beta2"]), eps=o["eps"],
+                                     fused=bool(req.get("fused_adamw", False)) or None)
         opt_path = os.path.join(d, "optimizer.safetensors")
         if os.path.exists(opt_path):
             st = load_file(opt_path)

@@ -41,6 +41,12 @@ pub struct LearnerBench {
     pub device: Device,
     /// Parameter dtype for both sides.
     pub kind: Kind,
+    /// Rounds of (rlmesh's steps, then the peer's): the reported ratio is the median of
+    /// the rounds' ratios, so a shared machine's drift between the two halves cancels.
+    pub rounds: usize,
+    /// Give the peer `torch.optim.AdamW(fused=True)` instead of its default (on CPU,
+    /// the per-tensor loop of element-wise operations).
+    pub peer_fused_adamw: bool,
 }
 
 /// Medians of both sides and their ratio.
@@ -62,8 +68,12 @@ pub struct BenchReport {
     pub torch_median_s: f64,
     /// PyTorch eager's tokens/s at the median.
     pub torch_tokens_per_s: f64,
-    /// `ours_tokens_per_s / torch_tokens_per_s` (> 1: rlmesh is faster).
+    /// Median over rounds of `torch_median_s / ours_median_s` (> 1: rlmesh is faster).
     pub ratio: f64,
+    /// Each round's ratio.
+    pub round_ratios: Vec<f64>,
+    /// The peer's optimiser.
+    pub peer_optimizer: String,
 }
 
 /// A deterministic policy-gradient batch of `batch` sequences of `seq_len` tokens with ids in `3..vocab`.
@@ -135,7 +145,7 @@ pub fn run_peer(python: &std::path::Path, script: &std::path::Path, cmd: &str, i
 }
 
 
-/// Measures both sides and prints one line with the ratio.
+/// Measures both sides, round after round, and prints one line with the ratio.
 pub fn bench_learner_step(b: &LearnerBench) -> Result<BenchReport> {
     tch::set_num_threads(b.threads);
     let model = Transformer::load(&b.model_dir, b.device, Some(b.kind))?;
@@ -148,30 +158,42 @@ pub fn bench_learner_step(b: &LearnerBench) -> Result<BenchReport> {
             tch::Cuda::synchronize(i as i64);
         }
     };
-    let mut times = Vec::with_capacity(b.iters);
-    for i in 0..b.warmup + b.iters.max(1) {
-        sync();
-        let t0 = Instant::now();
-        learner.train_step(&batch)?;
-        sync();
-        if i >= b.warmup {
-            times.push(t0.elapsed().as_secs_f64());
+    let (mut ours_all, mut torch_all, mut round_ratios) = (vec![], vec![], vec![]);
+    for round in 0..b.rounds.max(1) {
+        let mut times = Vec::with_capacity(b.iters);
+        // The learner lives across rounds: later rounds need no warm-up of their own.
+        let warmup = if round == 0 { b.warmup } else { 0 };
+        for i in 0..warmup + b.iters.max(1) {
+            sync();
+            let t0 = Instant::now();
+            learner.train_step(&batch)?;
+            sync();
+            if i >= warmup {
+                times.push(t0.elapsed().as_secs_f64());
+            }
         }
+        let ours = rlmesh_comm::bench::median(&times);
+        let peer = run_peer(
+            &b.python,
+            &b.script,
+            "bench",
+            &json!({
+                "model": b.model_dir, "batch": batch, "objective": "policy", "config": peer_config(&config),
+                "iters": b.iters.max(1), "warmup": b.warmup, "threads": b.threads,
+                "device": if b.device == Device::Cpu { "cpu" } else { "cuda" },
+                "dtype": rlmesh_model::io::kind_name(b.kind), "fused_adamw": b.peer_fused_adamw,
+            }),
+        )?;
+        let torch = peer["median_s"].as_f64().ok_or_else(|| LearnerError::Bench(format!("peer output lacks median_s: {peer}")))?;
+        if b.rounds > 1 {
+            eprintln!("round {}/{}: rlmesh {ours:.4}s, PyTorch {torch:.4}s, ratio {:.3}x", round + 1, b.rounds, torch / ours);
+        }
+        ours_all.push(ours);
+        torch_all.push(torch);
+        round_ratios.push(torch / ours);
     }
     drop(learner);
-    let ours = rlmesh_comm::bench::median(&times);
-    let peer = run_peer(
-        &b.python,
-        &b.script,
-        "bench",
-        &json!({
-            "model": b.model_dir, "batch": batch, "objective": "policy", "config": peer_config(&config),
-            "iters": b.iters.max(1), "warmup": b.warmup, "threads": b.threads,
-            "device": if b.device == Device::Cpu { "cpu" } else { "cuda" },
-            "dtype": rlmesh_model::io::kind_name(b.kind),
-        }),
-    )?;
-    let torch = peer["median_s"].as_f64().ok_or_else(|| LearnerError::Bench(format!("peer output lacks median_s: {peer}")))?;
+    let (ours, torch) = (rlmesh_comm::bench::median(&ours_all), rlmesh_comm::bench::median(&torch_all));
     let report = BenchReport {
         model: b.model_dir.display().to_string(),
         device: format!("{:?}", b.device),
@@ -181,11 +203,23 @@ pub fn bench_learner_step(b: &LearnerBench) -> Result<BenchReport> {
         ours_tokens_per_s: tokens as f64 / ours,
         torch_median_s: torch,
         torch_tokens_per_s: tokens as f64 / torch,
-        ratio: torch / ours,
+        ratio: rlmesh_comm::bench::median(&round_ratios),
+        round_ratios,
+        peer_optimizer: if b.peer_fused_adamw { "torch.optim.AdamW(fused=True)" } else { "torch.optim.AdamW (default)" }.to_string(),
     };
     println!(
-        "learner step {} [{} {}], {} tokens: rlmesh {:.0} tok/s (median {:.4}s), PyTorch eager {:.0} tok/s (median {:.4}s), ratio {:.3}x",
-        report.model, report.device, report.dtype, tokens, report.ours_tokens_per_s, ours, report.torch_tokens_per_s, torch, report.ratio
+        "learner step {} [{} {}], {} tokens: rlmesh {:.0} tok/s (median {:.4}s), PyTorch eager with {} {:.0} tok/s (median {:.4}s), ratio {:.3}x (median of {} rounds)",
+        report.model,
+        report.device,
+        report.dtype,
+        tokens,
+        report.ours_tokens_per_s,
+        ours,
+        report.peer_optimizer,
+        report.torch_tokens_per_s,
+        torch,
+        report.ratio,
+        report.round_ratios.len()
     );
     Ok(report)
 }

@@ -57,3 +57,23 @@ pub use config::{AdamWConfig, KlCoef, KlConfig, KlPlacement, LearnerConfig, LrSc
 pub use error::{LearnerError, Result};
 pub use loss::{Aggregation, ClipParams, KlEstimator};
 pub use trainer::{Learner, RatioStats, StepStats};
+
+/// Makes this process keep the memory it frees for its next allocations (glibc:
+/// no `mmap` for large blocks, no trimming of the heap's top).
+///
+/// A training step allocates and frees the same large temporaries every time
+/// (logits, log-softmax, activation gradients: ~100 MB each on SmolLM2-135M).
+/// glibc serves any block over 32 MiB with a fresh `mmap` and unmaps it on
+/// `free`, so each step page-faults (and the kernel zeroes) all of them again —
+/// 8–9% of a CPU learner step in `perf`. Kept in the heap, they are reused.
+/// Peak memory is unchanged (the peak is reached either way); the process just
+/// does not hand the pages back between steps. Call it first thing in `main`;
+/// elsewhere it does nothing.
+pub fn retain_freed_memory() {
+    #[cfg(all(target_os = "linux", target_env = "gnu"))]
+    // SAFETY: mallopt only changes the allocator's thresholds; valid at any time.
+    unsafe {
+        libc::mallopt(libc::M_MMAP_MAX, 0);
+        libc::mallopt(libc::M_TRIM_THRESHOLD, i32::MAX);
+    }
+}

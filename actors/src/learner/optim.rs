@@ -21,6 +21,11 @@ pub(crate) struct ParamSet {
     pub total: usize,
     /// Flat float32 gradients, `total` elements.
     pub grads: Tensor,
+    /// Parameter i's `.grad` is a view of its range of `grads` (float32 parameters):
+    /// backward accumulates straight into the flat buffer.
+    aliased: Vec<bool>,
+    /// Every parameter is a contiguous float32 CPU tensor: AdamW may take its fused CPU path.
+    pub fused_cpu: bool,
 }
 
 impl ParamSet {
@@ -33,8 +38,35 @@ impl ParamSet {
             total += t.numel();
         }
         let decay = named.iter().map(|(_, t)| t.dim() >= 2).collect();
-        let (names, tensors) = named.into_iter().unzip();
-        ParamSet { names, tensors, offsets, decay, total, grads: Tensor::zeros([total as i64], (Kind::Float, device)) }
+        let (names, tensors): (Vec<String>, Vec<Tensor>) = named.into_iter().unzip();
+        let fused_cpu = device == Device::Cpu && tensors.iter().all(|t| t.kind() == Kind::Float && t.is_contiguous());
+        let grads = Tensor::zeros([total as i64], (Kind::Float, device));
+        let mut set = ParamSet { names, tensors, offsets, decay, total, grads, aliased: vec![], fused_cpu };
+        set.alias_grads();
+        set
+    }
+
+    /// Points every float32 parameter's `.grad` at its range of the flat buffer (as
+    /// DDP's `gradient_as_bucket_view`): autograd then adds each micro-batch's gradient
+    /// in place there, instead of into a separate tensor that is copied and zeroed.
+    /// Lower-precision parameters keep their own `.grad`, converted by [`ParamSet::accumulate_grads`].
+    fn alias_grads(&mut self) {
+        self.aliased = self.tensors.iter().map(|t| t.kind() == Kind::Float && t.requires_grad()).collect();
+        let float: Vec<usize> = (0..self.tensors.len()).filter(|&i| self.aliased[i]).collect();
+        if float.is_empty() {
+            return;
+        }
+        // A `.grad` must exist before it can be re-pointed: one backward through a zero-weighted
+        // sum creates them (autograd's own tensors, replaced at once).
+        let seed = float.iter().map(|&i| self.tensors[i].sum(Kind::Float)).fold(Tensor::zeros([], (Kind::Float, self.grads.device())), |a, b| a + b);
+        (seed * 0.0).backward();
+        tch::no_grad(|| {
+            for &i in &float {
+                let mut g = self.tensors[i].grad();
+                let _ = g.set_source_tensor_(&self.view(&self.grads, i));
+            }
+        });
+        let _ = self.grads.zero_();
     }
 
     /// The flat range of parameter `i`, viewed in its shape.
@@ -43,10 +75,14 @@ impl ParamSet {
         flat.narrow(0, self.offsets[i] as i64, t.numel() as i64).view(t.size().as_slice())
     }
 
-    /// Adds the parameters' `.grad` into the flat buffer and clears them.
+    /// Adds the non-aliased parameters' `.grad` into the flat buffer and clears them
+    /// (the aliased ones are there already).
     pub(crate) fn accumulate_grads(&mut self) {
         tch::no_grad(|| {
             for i in 0..self.tensors.len() {
+                if self.aliased[i] {
+                    continue;
+                }
                 let mut g = self.tensors[i].grad();
                 if g.defined() {
                     let _ = self.view(&self.grads, i).f_add_(&g.to_kind(Kind::Float)).expect("same shape");
@@ -94,6 +130,8 @@ pub(crate) struct AdamW {
     master: Option<Tensor>,
     /// Optimizer steps taken.
     pub step: u64,
+    /// The fused CPU update's buffer of square roots (one piece).
+    scratch: Option<Tensor>,
 }
 
 impl AdamW {
@@ -104,15 +142,23 @@ impl AdamW {
             let flat: Vec<Tensor> = params.tensors.iter().map(|t| t.detach().to_kind(Kind::Float).reshape([-1])).collect();
             Tensor::cat(&flat, 0)
         });
-        AdamW { cfg, m: zeros(), v: zeros(), master, step: 0 }
+        AdamW { cfg, m: zeros(), v: zeros(), master, step: 0, scratch: None }
     }
 
-    /// One update with learning rate `lr` from `params.grads`.
-    pub(crate) fn update(&mut self, params: &ParamSet, lr: f64) {
+    /// One update with learning rate `lr` from `params.grads` times `grad_scale`
+    /// (the clipping coefficient, applied on the fly: the flat buffer is not rewritten).
+    pub(crate) fn update(&mut self, params: &ParamSet, lr: f64, grad_scale: f64) {
         let c = self.cfg;
         self.step += 1;
         let bc1 = 1.0 - c.beta1.powi(self.step as i32);
         let bc2 = 1.0 - c.beta2.powi(self.step as i32);
+        if self.master.is_none() && params.fused_cpu {
+            let s = AdamWScalars::new(&c, lr, bc1, bc2, grad_scale);
+            // SAFETY: `fused_cpu` says every parameter, the gradients and (by construction) the
+            // moments are contiguous float32 CPU tensors; the pieces handed out are disjoint.
+            unsafe { self.update_fused_cpu(params, &s) };
+            return;
+        }
         tch::no_grad(|| {
             for i in 0..params.tensors.len() {
                 let mut target = match &self.master {
@@ -129,7 +175,10 @@ impl AdamW {
                 let (m, v, g) = (params.view(&self.m, i).view([-1]), params.view(&self.v, i).view([-1]), params.view(&params.grads, i).view([-1]));
                 for at in (0..n).step_by(UPDATE_CHUNK as usize) {
                     let len = UPDATE_CHUNK.min(n - at);
-                    let (m, v, g) = (m.narrow(0, at, len), v.narrow(0, at, len), g.narrow(0, at, len));
+                    let (m, v, mut g) = (m.narrow(0, at, len), v.narrow(0, at, len), g.narrow(0, at, len));
+                    if grad_scale != 1.0 {
+                        g = g * grad_scale;
+                    }
                     let _ = m.shallow_clone().lerp_(&g, 1.0 - c.beta1);
                     let _ = v.shallow_clone().g_mul_scalar_(c.beta2).addcmul_(&g, &(&g * (1.0 - c.beta2)));
                     let denom = v.sqrt() / bc2.sqrt() + c.eps;
@@ -141,6 +190,46 @@ impl AdamW {
                 }
             }
         });
+    }
+
+    /// The CPU update, piece by cache-sized piece: the moments in one Rust pass,
+    /// `√v` by libtorch into a small scratch buffer (its MKL square root rounds a
+    /// few elements differently from IEEE `sqrtf`; using it keeps the result
+    /// bit-identical to the tensor path), then the parameters in a second pass
+    /// while the piece is still in cache. Each array crosses memory once.
+    ///
+    /// # Safety
+    /// Every parameter, the gradients and the moments must be contiguous float32 CPU tensors.
+    unsafe fn update_fused_cpu(&mut self, params: &ParamSet, s: &AdamWScalars) {
+        let scratch = self.scratch.get_or_insert_with(|| Tensor::empty([FUSED_PIECE as i64], (Kind::Float, Device::Cpu)));
+        let ptr = |t: &Tensor| t.data_ptr() as *mut f32;
+        let (m, v, g, root) = (ptr(&self.m), ptr(&self.v), ptr(&params.grads), ptr(scratch));
+        for i in 0..params.tensors.len() {
+            let (start, p, decay) = (params.offsets[i], ptr(&params.tensors[i]), params.decay[i]);
+            let numel = params.tensors[i].numel();
+            for at in (0..numel).step_by(FUSED_PIECE) {
+                let n = FUSED_PIECE.min(numel - at);
+                let flat = start + at;
+                // SAFETY: [flat, flat + n) lies inside the flat buffers and [at, at + n) inside
+                // parameter i; the scratch holds FUSED_PIECE ≥ n elements; nothing else touches them.
+                unsafe {
+                    adamw_moments(
+                        std::slice::from_raw_parts(g.add(flat), n),
+                        std::slice::from_raw_parts_mut(m.add(flat), n),
+                        std::slice::from_raw_parts_mut(v.add(flat), n),
+                        s,
+                    );
+                    let _ = self.v.narrow(0, flat as i64, n as i64).sqrt_out(&scratch.narrow(0, 0, n as i64));
+                    adamw_apply(
+                        std::slice::from_raw_parts_mut(p.add(at), n),
+                        std::slice::from_raw_parts(m.add(flat), n),
+                        std::slice::from_raw_parts(root, n),
+                        s,
+                        decay,
+                    );
+                }
+            }
+        }
     }
 
     /// The state to checkpoint: moments and master weights, by name.
@@ -172,7 +261,164 @@ impl AdamW {
     }
 }
 
+/// Elements per piece of the fused CPU update (256 KiB per array: the piece's
+/// gradient, moments, parameters and square roots stay in L2 between the passes).
+const FUSED_PIECE: usize = 1 << 16;
+
+/// The scalars of one AdamW update, in float32 as libtorch applies them to float32 tensors.
+#[derive(Clone, Copy, Debug)]
+pub struct AdamWScalars {
+    /// `1 − lr·weight_decay` (applied to decayed parameters).
+    pub decay: f32,
+    /// `1 − β₁`, the weight of `m`'s lerp towards the gradient.
+    pub w1: f32,
+    /// β₂.
+    pub beta2: f32,
+    /// `1 − β₂`.
+    pub w2: f32,
+    /// `√(1 − β₂ᵗ)`.
+    pub bc2_sqrt: f32,
+    /// ε.
+    pub eps: f32,
+    /// `lr / (1 − β₁ᵗ)`.
+    pub step_size: f32,
+    /// Factor on every gradient (gradient-norm clipping).
+    pub grad_scale: f32,
+}
+
+impl AdamWScalars {
+    /// The scalars of a step with learning rate `lr` and bias corrections `bc1`, `bc2`.
+    pub fn new(c: &AdamWConfig, lr: f64, bc1: f64, bc2: f64, grad_scale: f64) -> AdamWScalars {
+        AdamWScalars {
+            decay: (1.0 - lr * c.weight_decay) as f32,
+            w1: (1.0 - c.beta1) as f32,
+            beta2: c.beta2 as f32,
+            w2: (1.0 - c.beta2) as f32,
+            bc2_sqrt: bc2.sqrt() as f32,
+            eps: c.eps as f32,
+            step_size: (lr / bc1) as f32,
+            grad_scale: grad_scale as f32,
+        }
+    }
+}
+
+// The two halves of AdamW's element-wise arithmetic on flat float32 ranges, as the
+// tensor path computes it on the clipped gradient `g·grad_scale`:
+//   m ← m.lerp(g, 1 − β₁)            (one rounding: libtorch's vectorised lerp is an FMA)
+//   v ← v·β₂ + g·(g·(1 − β₂))        (one rounding in the addition, as its addcmul)
+//   p ← p·(1 − lr·wd) − step_size · m / (√v / √bc₂ + ε)
+// On a CPU with FMA the result is bit-for-bit the tensor path's (tested).
+
+/// Updates the moments `m`, `v` of a range from its gradient `g`.
+pub fn adamw_moments(g: &[f32], m: &mut [f32], v: &mut [f32], s: &AdamWScalars) {
+    assert!(m.len() == g.len() && v.len() == g.len(), "adamw_moments: lengths differ");
+    #[cfg(target_arch = "x86_64")]
+    if std::arch::is_x86_feature_detected!("avx2") && std::arch::is_x86_feature_detected!("fma") {
+        // SAFETY: the CPU has both features.
+        unsafe { moments_avx2_fma(g, m, v, s) };
+        return;
+    }
+    moments_kernel(g, m, v, s);
+}
+
+/// Applies a range's update from its first moment `m` and `root` = √v (decay when `decay`).
+pub fn adamw_apply(p: &mut [f32], m: &[f32], root: &[f32], s: &AdamWScalars, decay: bool) {
+    assert!(m.len() == p.len() && root.len() == p.len(), "adamw_apply: lengths differ");
+    let factor = if decay { s.decay } else { 1.0 };
+    for ((p, &m), &r) in p.iter_mut().zip(m).zip(root) {
+        *p = *p * factor - s.step_size * (m / (r / s.bc2_sqrt + s.eps));
+    }
+}
+
+/// [`moments_kernel`] compiled for AVX2 with hardware FMA (the build's baseline has neither).
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2,fma")]
+unsafe fn moments_avx2_fma(g: &[f32], m: &mut [f32], v: &mut [f32], s: &AdamWScalars) {
+    moments_kernel(g, m, v, s);
+}
+
+#[inline(always)]
+fn moments_kernel(g: &[f32], m: &mut [f32], v: &mut [f32], s: &AdamWScalars) {
+    for ((&g, m), v) in g.iter().zip(m.iter_mut()).zip(v.iter_mut()) {
+        let g = g * s.grad_scale;
+        *m = s.w1.mul_add(g - *m, *m);
+        *v = g.mul_add(g * s.w2, *v * s.beta2);
+    }
+}
+
 /// Learning rate for the next optimizer step of a config.
 pub(crate) fn next_lr(cfg: &LearnerConfig, step: u64) -> f64 {
     lr_at(cfg.optim.lr, cfg.warmup_steps, cfg.schedule, step)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// `n` deterministic values in (−2, 2) (tests run in parallel: libtorch's global seed would race).
+    fn values(n: usize, seed: u64) -> Tensor {
+        let mut s = seed;
+        let v: Vec<f32> = (0..n).map(|_| ((crate::learner::trainer::splitmix(&mut s) >> 40) as f32 / (1u64 << 24) as f32) * 4.0 - 2.0).collect();
+        Tensor::from_slice(&v)
+    }
+
+    fn params(seed: u64) -> ParamSet {
+        let w = values(371 * 290, seed).view([371, 290]).set_requires_grad(true);
+        let b = values(290, seed + 1).set_requires_grad(true);
+        ParamSet::new(vec![("b".into(), b), ("w".into(), w)], Device::Cpu)
+    }
+
+    /// The fused CPU update computes what the tensor path (GPUs, bfloat16 masters) computes,
+    /// with decay on matrices only and the clipping factor applied to the gradient.
+    #[test]
+    fn fused_cpu_update_matches_the_tensor_path() {
+        let cfg = AdamWConfig { lr: 3e-3, beta1: 0.9, beta2: 0.95, eps: 1e-8, weight_decay: 0.1 };
+        let (fused, mut plain) = (params(7), params(7));
+        assert!(fused.fused_cpu);
+        plain.fused_cpu = false;
+        let (mut a, mut b) = (AdamW::new(&fused, cfg), AdamW::new(&plain, cfg));
+        for step in 0..4 {
+            let g = values(fused.total, 100 + step);
+            let _ = fused.grads.shallow_clone().copy_(&g);
+            let _ = plain.grads.shallow_clone().copy_(&g);
+            let scale = if step % 2 == 0 { 1.0 } else { 0.37 };
+            a.update(&fused, 1e-3 * (step + 1) as f64, scale);
+            b.update(&plain, 1e-3 * (step + 1) as f64, scale);
+        }
+        // With hardware FMA libtorch's vectorised kernels round where the fused loop does: bit-identical.
+        #[cfg(target_arch = "x86_64")]
+        let tolerance = if std::arch::is_x86_feature_detected!("fma") { 0.0 } else { 1e-6 };
+        #[cfg(not(target_arch = "x86_64"))]
+        let tolerance = 1e-6;
+        for i in 0..2 {
+            let diff = (&fused.tensors[i] - &plain.tensors[i]).abs().max().double_value(&[]);
+            assert!(diff <= tolerance, "{}: fused and tensor updates differ by {diff}", fused.names[i]);
+            let moved = (&fused.tensors[i] - &params(7).tensors[i]).abs().max().double_value(&[]);
+            assert!(moved > 1e-3, "{}: the update did not move the parameter", fused.names[i]);
+        }
+        for (x, y) in [(&a.m, &b.m), (&a.v, &b.v)] {
+            let diff = (x - y).abs().max().double_value(&[]);
+            assert!(diff <= tolerance, "moments differ by {diff}");
+        }
+    }
+
+    /// Each float32 parameter's `.grad` is its range of the flat buffer, so backward
+    /// accumulates there and zeroing the buffer zeroes them.
+    #[test]
+    fn parameter_gradients_are_views_of_the_flat_buffer() {
+        let mut set = params(3);
+        for round in 1..=2 {
+            let loss = (&set.tensors[1] * 2.0).sum(Kind::Float) + (&set.tensors[0] * &set.tensors[0]).sum(Kind::Float);
+            loss.backward();
+            set.accumulate_grads();
+            let w = set.view(&set.grads, 1);
+            let expect = Tensor::full([371, 290], 2.0 * round as f64, (Kind::Float, Device::Cpu));
+            assert!(w.allclose(&expect, 0.0, 0.0, false), "round {round}: the matrix's gradient is not in the flat buffer");
+            let bias = set.view(&set.grads, 0);
+            assert!(bias.allclose(&(set.tensors[0].detach() * 2.0 * round as f64), 1e-6, 1e-6, false));
+        }
+        assert_eq!(set.tensors[1].grad().data_ptr(), set.view(&set.grads, 1).data_ptr());
+        set.zero_grads();
+        assert_eq!(set.tensors[1].grad().abs().sum(Kind::Float).double_value(&[]), 0.0);
+    }
 }

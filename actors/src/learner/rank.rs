@@ -72,6 +72,7 @@ pub struct RankStep {
 
 /// Parses arguments (without the program name), runs the job, and returns the exit code (0 ok, 1 failure, 2 usage).
 pub fn rank_main(args: impl IntoIterator<Item = String>) -> ExitCode {
+    super::retain_freed_memory();
     let args: Vec<String> = args.into_iter().collect();
     let flag = |name: &str| args.iter().position(|a| a == name).and_then(|i| args.get(i + 1)).cloned();
     let (Some(job), Some(rank), Some(world)) = (args.first().cloned(), flag("--rank").and_then(|r| r.parse().ok()), flag("--world").and_then(|w| w.parse().ok())) else {

@@ -202,6 +202,8 @@ pub struct Learner {
     pub(crate) kl_coef: f64,
     pub(crate) rng: u64,
     pub(crate) train_steps: u64,
+    /// The gradient-norm clipping factor of the last optimizer step (1 when not clipped).
+    grad_scale: f64,
 }
 
 impl Learner {
@@ -240,6 +242,7 @@ impl Learner {
             dp: comm.map(|c| DataParallel::new(c, device)),
             kl_coef,
             train_steps: 0,
+            grad_scale: 1.0,
         };
         learner.verify_digest()?;
         Ok(learner)
@@ -295,7 +298,8 @@ impl Learner {
 
     /// The gradients of the last optimizer step (all-reduced and clipped), by parameter name.
     pub fn gradients(&self) -> Vec<(String, Tensor)> {
-        (0..self.params.names.len()).map(|i| (self.params.names[i].clone(), self.params.view(&self.params.grads, i).detach().copy())).collect()
+        let clipped = tch::no_grad(|| &self.params.grads * self.grad_scale);
+        (0..self.params.names.len()).map(|i| (self.params.names[i].clone(), self.params.view(&clipped, i).copy())).collect()
     }
 
     /// A digest of every trained parameter (policy and value head): equal across ranks after every step.
@@ -433,14 +437,13 @@ impl Learner {
             dp.all_reduce_flat(&self.params.grads, self.config.bucket_bytes)?;
         }
         let norm = self.params.grads.norm().double_value(&[]);
-        if let Some(max) = self.config.max_grad_norm {
-            let coef = max / (norm + 1e-6);
-            if coef < 1.0 {
-                let _ = self.params.grads.g_mul_scalar_(coef);
-            }
-        }
+        // Clipping scales the gradient inside the update; the flat buffer keeps the unclipped sum.
+        self.grad_scale = match self.config.max_grad_norm {
+            Some(max) if max / (norm + 1e-6) < 1.0 => max / (norm + 1e-6),
+            _ => 1.0,
+        };
         let lr = next_lr(&self.config, self.optim.step);
-        self.optim.update(&self.params, lr);
+        self.optim.update(&self.params, lr, self.grad_scale);
         if self.dp.is_some() {
             sums = self.reduce_and_verify(sums)?;
         }

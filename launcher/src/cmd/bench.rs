@@ -51,6 +51,12 @@ struct LearnerArgs {
     /// Intra-op threads for both sides (default: all cores).
     #[arg(long)]
     threads: Option<usize>,
+    /// Alternations of (rlmesh's steps, the peer's steps); the ratio is the median of the rounds'.
+    #[arg(long, default_value_t = 3)]
+    rounds: usize,
+    /// Give the peer torch.optim.AdamW(fused=True) instead of its CPU default.
+    #[arg(long)]
+    peer_fused_adamw: bool,
 }
 
 #[derive(Args)]
@@ -114,8 +120,8 @@ fn learner(l: LearnerArgs) -> CliResult {
         "cuda" => (tch::Device::Cuda(0), tch::Kind::BFloat16),
         _ => (tch::Device::Cpu, tch::Kind::Float),
     };
-    if l.batch == 0 || l.seq_len < 2 || l.iters == 0 {
-        return Err(CliError::usage(anyhow::anyhow!("--batch, --iters: at least 1; --seq-len: at least 2")));
+    if l.batch == 0 || l.seq_len < 2 || l.iters == 0 || l.rounds == 0 {
+        return Err(CliError::usage(anyhow::anyhow!("--batch, --iters, --rounds: at least 1; --seq-len: at least 2")));
     }
     let models = if l.models.is_empty() { vec!["tiny".to_string(), "smollm2".to_string()] } else { l.models.clone() };
     let python = std::env::var_os("RLMESH_PYTHON").map(PathBuf::from).unwrap_or_else(|| repo_root().join("scripts/py"));
@@ -133,6 +139,8 @@ fn learner(l: LearnerArgs) -> CliResult {
             threads: threads_or_all(l.threads) as i32,
             device,
             kind,
+            rounds: l.rounds,
+            peer_fused_adamw: l.peer_fused_adamw,
         };
         reports.push(bench_learner_step(&bench)?);
     }
