@@ -19,3 +19,38 @@ fn bench_allreduce_runs_ranks_through_comm_worker_and_prints_the_ratio() {
     assert_eq!(code(&o), 2);
     assert!(stderr(&o).contains("--worlds: at least 2 ranks"), "{}", stderr(&o));
 }
+
+/// `launcher bench generate` alternates rlmesh and transformers `generate` (the real peer,
+/// in the set-up's Python) and reports the median of the rounds' ratios.
+#[test]
+fn bench_generate_alternates_rounds_with_transformers() {
+    let o = launcher(&["bench", "generate", "--models", "tiny", "--batch", "2", "--new-tokens", "8", "--repeats", "1", "--rounds", "3", "--threads", "1"]);
+    assert_eq!(code(&o), 0, "{}", stderr(&o));
+    let out = stdout(&o);
+    let report: Value = serde_json::from_str(out.lines().last().unwrap()).unwrap();
+    let row = &report["rows"][0];
+    let ratios: Vec<f64> = serde_json::from_value(row["round_ratios"].clone()).unwrap();
+    assert_eq!(ratios.len(), 3, "{row}");
+    let mut sorted = ratios.clone();
+    sorted.sort_by(f64::total_cmp);
+    assert_eq!(row["ratio"].as_f64().unwrap(), sorted[1], "{row}");
+    assert!(row["rlmesh_tokens_per_s"].as_f64().unwrap() > 0.0 && row["transformers_tokens_per_s"].as_f64().unwrap() > 0.0, "{row}");
+    assert_eq!(stderr(&o).matches("round ").count(), 3, "{}", stderr(&o));
+
+    let o = launcher(&["bench", "generate", "--rounds", "0"]);
+    assert_eq!(code(&o), 2);
+    assert!(stderr(&o).contains("--rounds, --repeats: at least 1"), "{}", stderr(&o));
+}
+
+/// `launcher bench learner` alternates rounds with the PyTorch eager step, which can be
+/// given fused AdamW.
+#[test]
+fn bench_learner_alternates_rounds_and_can_give_the_peer_fused_adamw() {
+    let o = launcher(&["bench", "learner", "--models", "tiny", "--batch", "2", "--seq-len", "16", "--iters", "1", "--warmup", "0", "--rounds", "2", "--threads", "1", "--peer-fused-adamw"]);
+    assert_eq!(code(&o), 0, "{}", stderr(&o));
+    let report: Value = serde_json::from_str(stdout(&o).lines().last().unwrap()).unwrap();
+    let r = &report["reports"][0];
+    assert_eq!(r["round_ratios"].as_array().map(Vec::len), Some(2), "{r}");
+    assert_eq!(r["peer_optimizer"], "torch.optim.AdamW(fused=True)", "{r}");
+    assert!(r["ours_median_s"].as_f64().unwrap() > 0.0 && r["torch_median_s"].as_f64().unwrap() > 0.0, "{r}");
+}

@@ -8,6 +8,7 @@
 //! a caller that appends tool results simply passes the longer prefix.
 use crate::cache::KvCache;
 use crate::error::{ModelError, Result};
+use crate::packed::PackedHead;
 use crate::tokenizer::Tokenizer;
 use crate::transformer::{causal_mask, positions_from_valid, Batch, Transformer};
 use serde::{Deserialize, Serialize};
@@ -129,6 +130,11 @@ impl Transformer {
             // Key slots a decode step may attend, built once: the prompt's padding is masked,
             // every generated slot is open (a finished row keeps decoding; its tokens are dropped).
             let slots = padded.then(|| Tensor::cat(&[valid, Tensor::ones([b as i64, max_new as i64], (Kind::Bool, device))], 1));
+            // The output projection packed once for this call's decode steps (CPU, MKL; see `packed`),
+            // kept only if its first product is bit-for-bit libtorch's `linear` (so packing never
+            // changes what is generated; with MKL 2025 it is, except for two rows).
+            let mut head = if max_new > 1 { PackedHead::new(self.lm_head(), b as i64) } else { None };
+            let mut head_checked = false;
             let mut done = vec![false; b];
             let stop_ids: Vec<u32> = params.stop_token_ids.clone();
             for step in 0..max_new {
@@ -162,7 +168,21 @@ impl Transformer {
                 let s = (longest + step + 1) as i64;
                 let mask = slots.as_ref().map_or_else(Tensor::new, |m| m.narrow(1, 0, s).view([b as i64, 1, 1, s]));
                 let batch = Batch { ids: next.unsqueeze(1), positions: positions.shallow_clone(), mask };
-                logits = self.forward(&batch, Some(&mut cache))?.squeeze_dim(1);
+                let hidden = self.hidden_states(&batch, Some(&mut cache))?.squeeze_dim(1);
+                logits = match &head {
+                    Some(packed) if head_checked => packed.logits(&hidden),
+                    Some(packed) => {
+                        let (packed, linear) = (packed.logits(&hidden), hidden.linear::<Tensor>(self.lm_head(), None));
+                        head_checked = true;
+                        if packed.equal(&linear) {
+                            packed
+                        } else {
+                            head = None;
+                            linear
+                        }
+                    }
+                    None => hidden.linear::<Tensor>(self.lm_head(), None),
+                };
             }
             Ok(())
         })?;
@@ -200,6 +220,9 @@ fn splitmix64(state: &mut u64) -> u64 {
 pub fn sample(logits: &Tensor, params: &SamplingParams, rng: &mut u64) -> Result<(Tensor, Tensor)> {
     let logits = logits.to_kind(Kind::Float);
     if params.temperature == 0.0 {
+        if let Some((next, logp)) = crate::kernels::greedy_rows(&logits) {
+            return Ok((Tensor::from_slice(&next).to_device(logits.device()), Tensor::from_slice(&logp).to_device(logits.device())));
+        }
         let next = logits.argmax(-1, false);
         let logp = logits.log_softmax(-1, Kind::Float).gather(-1, &next.unsqueeze(-1), false).squeeze_dim(-1);
         return Ok((next, logp));

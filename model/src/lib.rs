@@ -21,6 +21,8 @@ pub mod config;
 pub mod error;
 pub mod generate;
 pub mod io;
+pub mod kernels;
+pub mod packed;
 pub mod score;
 pub mod tokenizer;
 pub mod transformer;

@@ -89,9 +89,12 @@ struct GenerateArgs {
     /// Prompt length in tokens.
     #[arg(long, default_value_t = 32)]
     prompt_len: usize,
-    /// Timed repeats per configuration (the median is reported).
+    /// Timed repeats per configuration and round.
     #[arg(long, default_value_t = 3)]
     repeats: usize,
+    /// Alternations of (rlmesh, transformers) per configuration; the ratio is the median of the rounds'.
+    #[arg(long, default_value_t = 3)]
+    rounds: usize,
     /// Intra-op threads for both systems (default: all cores).
     #[arg(long)]
     threads: Option<usize>,
@@ -263,7 +266,13 @@ fn generate(g: GenerateArgs) -> CliResult {
         return Ok(());
     }
     let models = if g.models.is_empty() { vec!["tiny".to_string(), "smollm2".to_string()] } else { g.models.clone() };
-    println!("bench generate: greedy, {} new tokens, prompt {} tokens, {threads} threads, median of {} repeats", g.new_tokens, g.prompt_len, g.repeats);
+    if g.rounds == 0 || g.repeats == 0 {
+        return Err(CliError::usage(anyhow::anyhow!("--rounds, --repeats: at least 1")));
+    }
+    println!(
+        "bench generate: greedy, {} new tokens, prompt {} tokens, {threads} threads, {} rounds of {} repeats (ratio: median of the rounds')",
+        g.new_tokens, g.prompt_len, g.rounds, g.repeats
+    );
     println!("{:<10} {:>5} {:>14} {:>16} {:>7} {:>13} {:>13}", "model", "batch", "rlmesh tok/s", "transformers", "ratio", "rlmesh MiB", "hf MiB");
     let mut rows = vec![];
     for name in &models {
@@ -271,19 +280,29 @@ fn generate(g: GenerateArgs) -> CliResult {
         let cfg = rlmesh_model::ModelConfig::load(&dir).usage("reading config.json")?;
         for &b in &g.batch {
             let input = json!({ "prompts": rlmesh_model::generate::bench_prompts(b, g.prompt_len, cfg.vocab_size as u64, 17 + b as u64) });
-            let ours = self_child(&dir, &g, threads, &input)?;
-            let theirs = python(
-                &["tests/oracle/bench_generate.py", "--model", &dir.display().to_string(), "--new-tokens", &g.new_tokens.to_string(), "--threads", &threads.to_string(), "--repeats", &g.repeats.to_string()],
-                Some(&input),
-            )?;
             let rate = |v: &Value| rlmesh_comm::bench::median(&serde_json::from_value::<Vec<f64>>(v["tokens_per_s"].clone()).unwrap_or_default());
-            let (o, t) = (rate(&ours), rate(&theirs));
-            println!(
-                "{:<10} {:>5} {:>14.1} {:>16.1} {:>6.2}x {:>13.0} {:>13.0}",
-                name, b, o, t, o / t, ours["peak_rss_mib"].as_f64().unwrap_or(f64::NAN), theirs["peak_rss_mib"].as_f64().unwrap_or(f64::NAN)
-            );
-            rows.push(json!({"model": name, "batch": b, "rlmesh_tokens_per_s": o, "transformers_tokens_per_s": t, "ratio": o / t,
-                             "rlmesh_peak_rss_mib": ours["peak_rss_mib"], "transformers_peak_rss_mib": theirs["peak_rss_mib"]}));
+            let (mut o, mut t, mut ratios, mut rss) = (vec![], vec![], vec![], (0.0f64, 0.0f64));
+            // Alternating the two sides cancels most of a shared machine's drift between them.
+            for _ in 0..g.rounds {
+                let ours = self_child(&dir, &g, threads, &input)?;
+                let theirs = python(
+                    &["tests/oracle/bench_generate.py", "--model", &dir.display().to_string(), "--new-tokens", &g.new_tokens.to_string(), "--threads", &threads.to_string(), "--repeats", &g.repeats.to_string()],
+                    Some(&input),
+                )?;
+                o.push(rate(&ours));
+                t.push(rate(&theirs));
+                ratios.push(rate(&ours) / rate(&theirs));
+                if g.rounds > 1 {
+                    eprintln!("  {name} batch {b} round {}/{}: rlmesh {:.1} tok/s, transformers {:.1} tok/s", ratios.len(), g.rounds, rate(&ours), rate(&theirs));
+                }
+                rss.0 = rss.0.max(ours["peak_rss_mib"].as_f64().unwrap_or(f64::NAN));
+                rss.1 = rss.1.max(theirs["peak_rss_mib"].as_f64().unwrap_or(f64::NAN));
+            }
+            let median = rlmesh_comm::bench::median;
+            let (o, t, ratio) = (median(&o), median(&t), median(&ratios));
+            println!("{:<10} {:>5} {:>14.1} {:>16.1} {:>6.2}x {:>13.0} {:>13.0}", name, b, o, t, ratio, rss.0, rss.1);
+            rows.push(json!({"model": name, "batch": b, "rlmesh_tokens_per_s": o, "transformers_tokens_per_s": t, "ratio": ratio, "round_ratios": ratios,
+                             "rlmesh_peak_rss_mib": rss.0, "transformers_peak_rss_mib": rss.1}));
         }
     }
     println!("{}", json!({ "bench": "generate", "threads": threads, "rows": rows }));
