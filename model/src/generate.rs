@@ -8,7 +8,7 @@
 //! a caller that appends tool results simply passes the longer prefix.
 use crate::cache::KvCache;
 use crate::error::{ModelError, Result};
-use crate::packed::PackedHead;
+use crate::packed::DecodeHead;
 use crate::tokenizer::Tokenizer;
 use crate::transformer::{causal_mask, positions_from_valid, Batch, Transformer};
 use serde::{Deserialize, Serialize};
@@ -130,11 +130,8 @@ impl Transformer {
             // Key slots a decode step may attend, built once: the prompt's padding is masked,
             // every generated slot is open (a finished row keeps decoding; its tokens are dropped).
             let slots = padded.then(|| Tensor::cat(&[valid, Tensor::ones([b as i64, max_new as i64], (Kind::Bool, device))], 1));
-            // The output projection packed once for this call's decode steps (CPU, MKL; see `packed`),
-            // kept only if its first product is bit-for-bit libtorch's `linear` (so packing never
-            // changes what is generated; with MKL 2025 it is, except for two rows).
-            let mut head = if max_new > 1 { PackedHead::new(self.lm_head(), b as i64) } else { None };
-            let mut head_checked = false;
+            // The output projection packed once for this call's decode steps where that is exact (see `packed`).
+            let mut head = DecodeHead::new(self.lm_head(), b as i64, max_new);
             let mut done = vec![false; b];
             let stop_ids: Vec<u32> = params.stop_token_ids.clone();
             for step in 0..max_new {
@@ -169,20 +166,7 @@ impl Transformer {
                 let mask = slots.as_ref().map_or_else(Tensor::new, |m| m.narrow(1, 0, s).view([b as i64, 1, 1, s]));
                 let batch = Batch { ids: next.unsqueeze(1), positions: positions.shallow_clone(), mask };
                 let hidden = self.hidden_states(&batch, Some(&mut cache))?.squeeze_dim(1);
-                logits = match &head {
-                    Some(packed) if head_checked => packed.logits(&hidden),
-                    Some(packed) => {
-                        let (packed, linear) = (packed.logits(&hidden), hidden.linear::<Tensor>(self.lm_head(), None));
-                        head_checked = true;
-                        if packed.equal(&linear) {
-                            packed
-                        } else {
-                            head = None;
-                            linear
-                        }
-                    }
-                    None => hidden.linear::<Tensor>(self.lm_head(), None),
-                };
+                logits = head.logits(&hidden);
             }
             Ok(())
         })?;
@@ -205,7 +189,7 @@ fn left_pad(prompts: &[&Vec<u32>], width: usize, device: Device) -> (Tensor, Ten
 }
 
 /// Next value of a splitmix64 generator.
-fn splitmix64(state: &mut u64) -> u64 {
+pub(crate) fn splitmix64(state: &mut u64) -> u64 {
     *state = state.wrapping_add(0x9E37_79B9_7F4A_7C15);
     let mut z = *state;
     z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);

@@ -144,14 +144,7 @@ pub fn exp_nonpositive(x: f32) -> f32 {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    fn splitmix(state: &mut u64) -> u64 {
-        *state = state.wrapping_add(0x9E37_79B9_7F4A_7C15);
-        let mut z = *state;
-        z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
-        z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
-        z ^ (z >> 31)
-    }
+    use crate::generate::splitmix64 as splitmix;
 
     /// The scan picks what libtorch's argmax picks: ties (values from a small set),
     /// −∞, every tail length, vocabulary-sized rows; NaN and empty rows are refused.

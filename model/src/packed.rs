@@ -112,6 +112,44 @@ impl PackedHead {
     }
 }
 
+/// The output projection of one `generate` call's decode steps: the packed product
+/// when its first result is bit-for-bit `linear`'s (so packing never changes what
+/// is generated), `linear` otherwise or where packing does not apply.
+pub struct DecodeHead<'a> {
+    weight: &'a Tensor,
+    packed: Option<PackedHead>,
+    checked: bool,
+}
+
+impl<'a> DecodeHead<'a> {
+    /// The head for `rows` sequences (packed only when there are decode steps to reuse it).
+    pub fn new(weight: &'a Tensor, rows: i64, steps: usize) -> DecodeHead<'a> {
+        DecodeHead { weight, packed: if steps > 1 { PackedHead::new(weight, rows) } else { None }, checked: false }
+    }
+
+    /// True while the packed product is in use.
+    pub fn is_packed(&self) -> bool {
+        self.packed.is_some()
+    }
+
+    /// Logits `[rows, V]` of hidden states `[rows, H]`.
+    pub fn logits(&mut self, hidden: &Tensor) -> Tensor {
+        let Some(packed) = &self.packed else { return hidden.linear::<Tensor>(self.weight, None) };
+        let logits = packed.logits(hidden);
+        if self.checked {
+            return logits;
+        }
+        self.checked = true;
+        let linear = hidden.linear::<Tensor>(self.weight, None);
+        if logits.equal(&linear) {
+            logits
+        } else {
+            self.packed = None;
+            linear
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -131,5 +169,23 @@ mod tests {
             assert!(diff < 1e-4, "rows {rows}: packed and linear logits differ by {diff}");
         }
         assert!(PackedHead::new(&w, 1).is_none());
+    }
+
+    /// A decode head keeps the packed product only where it is bit-identical to `linear`,
+    /// and its logits are `linear`'s either way.
+    #[test]
+    fn decode_head_never_differs_from_linear() {
+        let w = Tensor::randn([5003, 64], (Kind::Float, Device::Cpu));
+        for rows in [1i64, 2, 8] {
+            let mut head = DecodeHead::new(&w, rows, 4);
+            for _ in 0..3 {
+                let h = Tensor::randn([rows, 64], (Kind::Float, Device::Cpu));
+                assert!(head.logits(&h).equal(&h.linear::<Tensor>(&w, None)), "rows {rows}");
+            }
+            if rows == 1 {
+                assert!(!head.is_packed());
+            }
+        }
+        assert!(!DecodeHead::new(&w, 8, 1).is_packed());
     }
 }

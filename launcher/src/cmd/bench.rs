@@ -289,11 +289,12 @@ fn generate(g: GenerateArgs) -> CliResult {
                     &["tests/oracle/bench_generate.py", "--model", &dir.display().to_string(), "--new-tokens", &g.new_tokens.to_string(), "--threads", &threads.to_string(), "--repeats", &g.repeats.to_string()],
                     Some(&input),
                 )?;
-                o.push(rate(&ours));
-                t.push(rate(&theirs));
-                ratios.push(rate(&ours) / rate(&theirs));
+                let (ours_rate, theirs_rate) = (rate(&ours), rate(&theirs));
+                o.push(ours_rate);
+                t.push(theirs_rate);
+                ratios.push(ours_rate / theirs_rate);
                 if g.rounds > 1 {
-                    eprintln!("  {name} batch {b} round {}/{}: rlmesh {:.1} tok/s, transformers {:.1} tok/s", ratios.len(), g.rounds, rate(&ours), rate(&theirs));
+                    eprintln!("  {name} batch {b} round {}/{}: rlmesh {ours_rate:.1} tok/s, transformers {theirs_rate:.1} tok/s", ratios.len(), g.rounds);
                 }
                 rss.0 = rss.0.max(ours["peak_rss_mib"].as_f64().unwrap_or(f64::NAN));
                 rss.1 = rss.1.max(theirs["peak_rss_mib"].as_f64().unwrap_or(f64::NAN));
