@@ -46,6 +46,11 @@ impl KvCache {
         (self.keys[layer].narrow(2, 0, end), self.values[layer].narrow(2, 0, end))
     }
 
+    /// Layer `layer`'s key and value buffers (`[B, kv, capacity, head_dim]`).
+    pub(crate) fn layer(&self, layer: usize) -> (&Tensor, &Tensor) {
+        (&self.keys[layer], &self.values[layer])
+    }
+
     /// Mark `t` more slots as filled (after every layer appended).
     pub(crate) fn advance(&mut self, t: i64) {
         self.len += t as usize;

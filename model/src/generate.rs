@@ -8,6 +8,7 @@
 //! a caller that appends tool results simply passes the longer prefix.
 use crate::cache::KvCache;
 use crate::error::{ModelError, Result};
+use crate::fused::{DecodeEngine, FusedDecoder};
 use crate::packed::DecodeHead;
 use crate::tokenizer::Tokenizer;
 use crate::transformer::{causal_mask, positions_from_valid, Batch, Transformer};
@@ -67,6 +68,12 @@ pub struct Completion {
 impl Transformer {
     /// Generate a continuation of every prompt (a token prefix) in one batch.
     pub fn generate(&self, prompts: &[Vec<u32>], params: &SamplingParams, tokenizer: Option<&Tokenizer>) -> Result<Vec<Completion>> {
+        self.generate_with(prompts, params, tokenizer, DecodeEngine::from_env())
+    }
+
+    /// [`generate`](Self::generate) with its decode steps on the given engine (on CPU; other
+    /// devices always use libtorch's).
+    pub fn generate_with(&self, prompts: &[Vec<u32>], params: &SamplingParams, tokenizer: Option<&Tokenizer>, engine: DecodeEngine) -> Result<Vec<Completion>> {
         if prompts.is_empty() {
             return Ok(vec![]);
         }
@@ -118,7 +125,7 @@ impl Transformer {
             let batch = Batch { ids: ids.shallow_clone(), positions: positions_from_valid(&valid), mask: if padded { causal_mask(&valid) } else { Tensor::new() } };
             let hidden = self.hidden_states(&batch, Some(&mut cache))?;
             let logits_u = hidden.narrow(1, longest as i64 - 1, 1).squeeze_dim(1).linear::<Tensor>(self.lm_head(), None);
-            let (mut cache, mut logits, valid, mut positions) = if unique.len() == b {
+            let (mut cache, logits, valid, mut positions) = if unique.len() == b {
                 let last = positions_from_valid(&valid).narrow(1, longest as i64 - 1, 1);
                 (cache, logits_u, valid, last)
             } else {
@@ -127,6 +134,13 @@ impl Transformer {
                 let last = positions_from_valid(&v).narrow(1, longest as i64 - 1, 1);
                 (cache.select_rows(&index), logits_u.index_select(0, &index), v, last)
             };
+            // The fused decode step where the engine asks for it and it applies (see `fused`).
+            let mut fused = if device == Device::Cpu && max_new > 1 && engine == DecodeEngine::Fused {
+                FusedDecoder::new(self, &cache, padded.then_some(&valid))?
+            } else {
+                None
+            };
+            let mut positions_host = if fused.is_some() { Vec::<i64>::try_from(positions.view([-1]))? } else { vec![] };
             // Key slots a decode step may attend, built once: the prompt's padding is masked,
             // every generated slot is open (a finished row keeps decoding; its tokens are dropped).
             let slots = padded.then(|| Tensor::cat(&[valid, Tensor::ones([b as i64, max_new as i64], (Kind::Bool, device))], 1));
@@ -134,10 +148,16 @@ impl Transformer {
             let mut head = DecodeHead::new(self.lm_head(), b as i64, max_new);
             let mut done = vec![false; b];
             let stop_ids: Vec<u32> = params.stop_token_ids.clone();
+            // What the next step picks from: the prefill's logits, then each step's hidden states.
+            let mut hidden: Option<Tensor> = None;
             for step in 0..max_new {
-                let (next, logp) = sample(&logits, params, &mut rng)?;
-                let next_host = Vec::<i64>::try_from(&next)?;
-                let logp_host = Vec::<f32>::try_from(&logp)?;
+                let (next_host, logp_host) = match &hidden {
+                    None => pick(&logits, params, &mut rng)?,
+                    Some(h) => match (params.temperature == 0.0).then(|| head.greedy(h)).flatten() {
+                        Some(picked) => picked,
+                        None => pick(&head.logits(h), params, &mut rng)?,
+                    },
+                };
                 for i in 0..b {
                     if done[i] {
                         continue;
@@ -161,12 +181,17 @@ impl Transformer {
                     break;
                 }
                 // Feed the sampled tokens.
+                if let Some(fused) = fused.as_mut() {
+                    positions_host.iter_mut().for_each(|p| *p += 1);
+                    hidden = Some(fused.step(&next_host, &positions_host, &mut cache)?.shallow_clone());
+                    continue;
+                }
                 positions = &positions + 1;
                 let s = (longest + step + 1) as i64;
                 let mask = slots.as_ref().map_or_else(Tensor::new, |m| m.narrow(1, 0, s).view([b as i64, 1, 1, s]));
+                let next = Tensor::from_slice(&next_host).to_device(device);
                 let batch = Batch { ids: next.unsqueeze(1), positions: positions.shallow_clone(), mask };
-                let hidden = self.hidden_states(&batch, Some(&mut cache))?.squeeze_dim(1);
-                logits = head.logits(&hidden);
+                hidden = Some(self.hidden_states(&batch, Some(&mut cache))?.squeeze_dim(1));
             }
             Ok(())
         })?;
@@ -195,6 +220,17 @@ pub(crate) fn splitmix64(state: &mut u64) -> u64 {
     z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
     z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
     z ^ (z >> 31)
+}
+
+/// [`sample`] with the results on the host; greedy float32 CPU rows never leave it.
+fn pick(logits: &Tensor, params: &SamplingParams, rng: &mut u64) -> Result<(Vec<i64>, Vec<f32>)> {
+    if params.temperature == 0.0 {
+        if let Some(host) = crate::kernels::greedy_rows(logits) {
+            return Ok(host);
+        }
+    }
+    let (next, logp) = sample(logits, params, rng)?;
+    Ok((Vec::<i64>::try_from(&next)?, Vec::<f32>::try_from(&logp)?))
 }
 
 /// Pick the next token of every row from logits `[B, V]`; returns (tokens `[B]`, log-probs `[B]`).

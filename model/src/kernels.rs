@@ -39,6 +39,11 @@ pub fn greedy_rows(logits: &Tensor) -> Option<(Vec<i64>, Vec<f32>)> {
 /// a NaN or is empty (libtorch's `argmax` picks the first NaN; the caller defers to it).
 pub fn argmax_row(row: &[f32]) -> Option<(usize, f32)> {
     #[cfg(target_arch = "x86_64")]
+    if std::arch::is_x86_feature_detected!("avx512f") && std::arch::is_x86_feature_detected!("fma") {
+        // SAFETY: the CPU has the features.
+        return unsafe { argmax_avx512(row) };
+    }
+    #[cfg(target_arch = "x86_64")]
     if std::arch::is_x86_feature_detected!("avx2") && std::arch::is_x86_feature_detected!("fma") {
         // SAFETY: the CPU has the features.
         return unsafe { argmax_avx2(row) };
@@ -49,6 +54,11 @@ pub fn argmax_row(row: &[f32]) -> Option<(usize, f32)> {
 /// `Σ exp(x − max)` over `row`, where `max` is the row's maximum (so the sum is ≥ 1
 /// and every term ≤ 1). Each term is within 2 ulp of the exact exponential.
 pub fn sum_exp_below(row: &[f32], max: f32) -> f32 {
+    #[cfg(target_arch = "x86_64")]
+    if std::arch::is_x86_feature_detected!("avx512f") && std::arch::is_x86_feature_detected!("fma") {
+        // SAFETY: the CPU has the features.
+        return unsafe { sum_exp_avx512(row, max) };
+    }
     #[cfg(target_arch = "x86_64")]
     if std::arch::is_x86_feature_detected!("avx2") && std::arch::is_x86_feature_detected!("fma") {
         // SAFETY: the CPU has the features.
@@ -69,31 +79,75 @@ unsafe fn sum_exp_avx2(row: &[f32], max: f32) -> f32 {
     sum_exp_scan(row, max)
 }
 
+/// [`argmax_scan`] in AVX-512 registers: per chunk of 16, one compare for the new
+/// maxima, two masked moves (value, chunk number), one compare for NaN.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx512f,avx2,fma")]
+unsafe fn argmax_avx512(row: &[f32]) -> Option<(usize, f32)> {
+    use std::arch::x86_64::*;
+    let chunks = row.chunks_exact(LANES);
+    let (tail, full) = (chunks.remainder(), chunks.len());
+    let (mut best, mut at, mut chunk_no) = (_mm512_set1_ps(f32::NEG_INFINITY), _mm512_setzero_si512(), _mm512_setzero_si512());
+    let (one, mut nan) = (_mm512_set1_epi32(1), 0u16);
+    for chunk in chunks {
+        // SAFETY: a chunk is 16 floats.
+        let x = unsafe { _mm512_loadu_ps(chunk.as_ptr()) };
+        let take = _mm512_cmp_ps_mask::<_CMP_GT_OQ>(x, best);
+        best = _mm512_mask_mov_ps(best, take, x);
+        at = _mm512_mask_mov_epi32(at, take, chunk_no);
+        nan |= _mm512_cmp_ps_mask::<_CMP_UNORD_Q>(x, x);
+        chunk_no = _mm512_add_epi32(chunk_no, one);
+    }
+    let (mut lanes_best, mut lanes_at) = ([0.0f32; LANES], [0u32; LANES]);
+    // SAFETY: 16-element destinations.
+    unsafe {
+        _mm512_storeu_ps(lanes_best.as_mut_ptr(), best);
+        _mm512_storeu_si512(lanes_at.as_mut_ptr().cast(), at);
+    }
+    if nan != 0 || tail.iter().any(|x| x.is_nan()) || row.is_empty() {
+        return None;
+    }
+    first_of_lanes(&lanes_best, &lanes_at, tail, full)
+}
+
+/// The row's first largest entry from the lanes' maxima and first chunks (`full` whole
+/// chunks were scanned) and the tail after them.
+#[inline(always)]
+fn first_of_lanes(best: &[f32; LANES], at: &[u32; LANES], tail: &[f32], full: usize) -> Option<(usize, f32)> {
+    let max = tail.iter().chain(best).fold(f32::NEG_INFINITY, |m, &x| if x > m { x } else { m });
+    let in_chunks = (0..LANES).filter(|&l| full > 0 && best[l] == max).map(|l| at[l] as usize * LANES + l).min();
+    in_chunks.or_else(|| tail.iter().position(|&x| x == max).map(|i| full * LANES + i)).map(|i| (i, max))
+}
+
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx512f,avx2,fma")]
+unsafe fn sum_exp_avx512(row: &[f32], max: f32) -> f32 {
+    sum_exp_scan(row, max)
+}
+
 #[inline(always)]
 fn argmax_scan(row: &[f32]) -> Option<(usize, f32)> {
+    // One pass: each lane keeps its largest value and the first chunk that held it
+    // (strict `>`); the row's first largest entry is then the earliest of the lanes'.
     let mut best = [f32::NEG_INFINITY; LANES];
+    let mut at = [0u32; LANES];
     let mut nan = [false; LANES];
     let chunks = row.chunks_exact(LANES);
     let tail = chunks.remainder();
-    for chunk in chunks {
+    let full = chunks.len();
+    for (c, chunk) in chunks.enumerate() {
         for l in 0..LANES {
             let x = chunk[l];
-            best[l] = if x > best[l] { x } else { best[l] };
+            let take = x > best[l];
+            best[l] = if take { x } else { best[l] };
+            at[l] = if take { c as u32 } else { at[l] };
             nan[l] |= x.is_nan();
         }
     }
-    if nan.iter().any(|&n| n) || tail.iter().any(|x| x.is_nan()) {
+    if nan.iter().any(|&n| n) || tail.iter().any(|x| x.is_nan()) || row.is_empty() {
         return None;
     }
-    let max = tail.iter().chain(&best).fold(f32::NEG_INFINITY, |m, &x| if x > m { x } else { m });
-    let chunks = row.chunks_exact(LANES);
-    let full = chunks.len();
-    for (c, chunk) in chunks.enumerate() {
-        if chunk.iter().fold(false, |hit, &x| hit | (x == max)) {
-            return chunk.iter().position(|&x| x == max).map(|i| (c * LANES + i, max));
-        }
-    }
-    tail.iter().position(|&x| x == max).map(|i| (full * LANES + i, max))
+    first_of_lanes(&best, &at, tail, full)
 }
 
 #[inline(always)]

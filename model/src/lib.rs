@@ -19,9 +19,11 @@
 pub mod cache;
 pub mod config;
 pub mod error;
+pub mod fused;
 pub mod generate;
 pub mod io;
 pub mod kernels;
+mod mkl;
 pub mod packed;
 pub mod score;
 pub mod tokenizer;

@@ -9,9 +9,9 @@ use crate::config::ModelConfig;
 use crate::error::{ModelError, Result};
 use tch::{nn, Device, Kind, Tensor};
 
-struct Linear {
-    weight: Tensor,
-    bias: Option<Tensor>,
+pub(crate) struct Linear {
+    pub(crate) weight: Tensor,
+    pub(crate) bias: Option<Tensor>,
 }
 
 impl Linear {
@@ -25,9 +25,9 @@ impl Linear {
     }
 }
 
-struct RmsNorm {
-    weight: Tensor,
-    eps: f64,
+pub(crate) struct RmsNorm {
+    pub(crate) weight: Tensor,
+    pub(crate) eps: f64,
 }
 
 impl RmsNorm {
@@ -48,16 +48,16 @@ impl RmsNorm {
     }
 }
 
-struct Layer {
-    input_norm: RmsNorm,
-    q: Linear,
-    k: Linear,
-    v: Linear,
-    o: Linear,
-    post_norm: RmsNorm,
-    gate: Linear,
-    up: Linear,
-    down: Linear,
+pub(crate) struct Layer {
+    pub(crate) input_norm: RmsNorm,
+    pub(crate) q: Linear,
+    pub(crate) k: Linear,
+    pub(crate) v: Linear,
+    pub(crate) o: Linear,
+    pub(crate) post_norm: RmsNorm,
+    pub(crate) gate: Linear,
+    pub(crate) up: Linear,
+    pub(crate) down: Linear,
 }
 
 /// The policy network.
@@ -66,9 +66,9 @@ pub struct Transformer {
     pub config: ModelConfig,
     /// All trainable parameters, under their Hugging Face names.
     pub vs: nn::VarStore,
-    embed: Tensor,
-    layers: Vec<Layer>,
-    norm: RmsNorm,
+    pub(crate) embed: Tensor,
+    pub(crate) layers: Vec<Layer>,
+    pub(crate) norm: RmsNorm,
     lm_head: Tensor,
     inv_freq: Tensor,
 }
@@ -195,7 +195,7 @@ impl Transformer {
 
     /// cos/sin tables `[B, 1, T, head_dim]` for the given positions (float32 math, then the
     /// model dtype); the first half of sin is negated, as rotate_half negates that half of x.
-    fn rope(&self, positions: &Tensor, kind: Kind) -> (Tensor, Tensor) {
+    pub(crate) fn rope(&self, positions: &Tensor, kind: Kind) -> (Tensor, Tensor) {
         let freqs = positions.to_kind(Kind::Float).unsqueeze(-1) * self.inv_freq.view([1, 1, -1]);
         let emb = Tensor::cat(&[&freqs, &freqs], -1);
         let sin = freqs.sin();
