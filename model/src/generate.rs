@@ -1,9 +1,12 @@
 //! The generation engine: batched decoding with a preallocated KV cache.
 //!
 //! Prompts are left-padded into one batch; identical prompts (the G samples of
-//! a group) are prefilled once and their cache rows shared. Sampling happens on
-//! the tensor side (temperature, top-k, top-p, seeded), and the log-prob of
-//! every sampled token under the temperature-scaled distribution (the one the
+//! a group) are prefilled once and their cache rows shared. On CPU in float32
+//! the decode steps run fused (`fused`) and the output projection in packed
+//! vocabulary blocks (`packed`); elsewhere each step is libtorch's
+//! `hidden_states`. Sampling happens on the tensor side (temperature, top-k,
+//! top-p, seeded); greedy steps scan the logits in Rust (`kernels`). The log-prob
+//! of every sampled token under the temperature-scaled distribution (the one the
 //! learner recomputes) is recorded. Generation continues from any token prefix:
 //! a caller that appends tool results simply passes the longer prefix.
 use crate::cache::KvCache;

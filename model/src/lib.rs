@@ -11,7 +11,9 @@
 //! - [`transformer::Transformer`] is the network (parameters in a tch `VarStore`
 //!   under their Hugging Face names); [`score`] gives per-token log-probs.
 //! - [`generate`] is the batched generation engine with a preallocated
-//!   [`cache::KvCache`], seeded sampling, stop tokens and strings.
+//!   [`cache::KvCache`], seeded sampling, stop tokens and strings; on CPU its
+//!   decode steps run in [`fused`], its output projection in [`packed`], and
+//!   greedy picks in [`kernels`].
 //! - [`tokenizer`] wraps `tokenizer.json` and renders the model's chat template
 //!   with minijinja exactly as transformers' `apply_chat_template` does.
 #![warn(missing_docs)]
