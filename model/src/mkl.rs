@@ -77,6 +77,7 @@ pub(crate) fn mkl() -> Option<&'static Mkl> {
 ///
 /// # Safety
 /// `x`, `w` and `y` hold at least `m·k`, `n·k` and `m·n` floats; `y` does not overlap them.
+#[allow(clippy::too_many_arguments)]
 pub(crate) unsafe fn linear_rows(sgemm: Sgemm, x: *const f32, w: *const f32, y: *mut f32, m: usize, n: usize, k: usize, accumulate: bool) {
     let (m, n, k) = (m as i32, n as i32, k as i32);
     let (alpha, beta) = (1.0f32, if accumulate { 1.0f32 } else { 0.0 });
