@@ -32,6 +32,16 @@ impl KvCache {
         self.len == 0
     }
 
+    /// Layers held.
+    pub fn layers(&self) -> usize {
+        self.keys.len()
+    }
+
+    /// Sequences (rows) held.
+    pub fn batch(&self) -> usize {
+        self.keys.first().map_or(0, |k| k.size()[0] as usize)
+    }
+
     /// Total slots.
     pub fn capacity(&self) -> usize {
         self.capacity

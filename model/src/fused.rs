@@ -100,14 +100,14 @@ impl<'m> FusedDecoder<'m> {
             && linears.into_iter().all(|l| usable(&l.weight) && l.bias.as_ref().is_none_or(usable))
             && norms.into_iter().all(|n| usable(&n.weight));
         let c = &model.config;
-        let cache_usable = (0..model.layers.len()).all(|i| {
+        let cache_usable = cache.layers() == model.layers.len() && (0..model.layers.len()).all(|i| {
             let (k, v) = cache.layer(i);
             usable(k) && usable(v)
         });
-        if !all_usable || !cache_usable || c.head_dim > 512 || c.head_dim % 2 != 0 {
+        if !all_usable || !cache_usable || model.layers.is_empty() || c.head_dim > 512 || c.head_dim % 2 != 0 {
             return Ok(None);
         }
-        let (rows, capacity) = (cache.layer(0).0.size()[0] as usize, cache.capacity());
+        let (rows, capacity) = (cache.batch(), cache.capacity());
         let (hidden, q_dim, kv_dim, inter) =
             (c.hidden_size as usize, (c.num_heads * c.head_dim) as usize, (c.num_kv_heads * c.head_dim) as usize, c.intermediate_size as usize);
         let positions = Tensor::arange(capacity as i64, (Kind::Int64, Device::Cpu)).view([1, capacity as i64]);
@@ -167,7 +167,10 @@ impl<'m> FusedDecoder<'m> {
         if tokens.len() != rows || positions.len() != rows {
             return Err(ModelError::Input(format!("fused step: {} tokens and {} positions for {rows} rows", tokens.len(), positions.len())));
         }
-        if slot >= cache.capacity() || cache.capacity() != self.capacity {
+        if cache.batch() != rows || cache.capacity() != self.capacity || cache.layers() != m.layers.len() {
+            return Err(ModelError::Input(format!("fused step: a KV cache of another shape than the decoder's ({rows} rows, {} slots)", self.capacity)));
+        }
+        if slot >= cache.capacity() {
             return Err(ModelError::Input(format!("KV cache holds {} slots, {slot} used, 1 more requested", cache.capacity())));
         }
         let vocab = c.vocab_size;
@@ -197,7 +200,6 @@ impl<'m> FusedDecoder<'m> {
             }
             let (keys, values) = cache.layer(i);
             let (mut keys, mut values) = (keys.shallow_clone(), values.shallow_clone());
-            debug_assert_eq!(keys.size()[0] as usize, rows);
             let (keys, values) = (floats_mut(&mut keys), floats_mut(&mut values));
             let keys_t = &mut self.keys_t[i];
             for r in 0..rows {

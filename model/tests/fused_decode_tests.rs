@@ -116,6 +116,9 @@ fn fused_step_errors_and_fallback() {
     fused.step(&[1, 2], &positions, &mut cache).unwrap();
     let err = fused.step(&[1, 2], &positions, &mut cache).unwrap_err().to_string();
     assert!(err.contains("KV cache holds 5 slots"), "{err}");
+    let (mut other, _, _) = prefill(&model, &prompts[..1], 5);
+    let err = fused.step(&[1, 2], &positions, &mut other).unwrap_err().to_string();
+    assert!(err.contains("another shape"), "{err}");
     // bfloat16 weights: the fused step does not apply and generation uses libtorch's.
     let bf16 = Transformer::load(&m, Device::Cpu, Some(Kind::BFloat16)).unwrap();
     let (cache, _, _) = prefill(&model, &prompts, 8);
