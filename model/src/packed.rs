@@ -254,7 +254,7 @@ mod tests {
             // A block's worth of ties at the maximum: the first one wins across blocks.
             let h = Tensor::zeros([rows, 64], (Kind::Float, Device::Cpu));
             assert_eq!(head.greedy(&h).unwrap().0, vec![0; rows as usize]);
-            let mut nan = Tensor::randn([rows, 64], (Kind::Float, Device::Cpu));
+            let nan = Tensor::randn([rows, 64], (Kind::Float, Device::Cpu));
             let _ = nan.get(rows - 1).get(5).fill_(f64::NAN);
             assert!(head.greedy(&nan).is_none());
         }

@@ -30,7 +30,7 @@ fn prefill(model: &Transformer, prompts: &[Vec<u32>], capacity: usize) -> (KvCac
     let (ids, valid) = left_pad(prompts);
     let mut cache = KvCache::new(c.num_layers as usize, prompts.len() as i64, c.num_kv_heads, capacity, c.head_dim, Kind::Float, Device::Cpu);
     let batch = Batch { ids, positions: positions_from_valid(&valid), mask: causal_mask(&valid) };
-    tch::no_grad(|| model.hidden_states(&batch, Some(&mut cache))).unwrap();
+    let _ = tch::no_grad(|| model.hidden_states(&batch, Some(&mut cache))).unwrap();
     let last = Vec::<i64>::try_from(positions_from_valid(&valid).select(1, valid.size()[1] - 1)).unwrap();
     (cache, valid, last)
 }
