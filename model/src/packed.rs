@@ -10,6 +10,11 @@
 //! a libtorch without MKL (another BLAS, another CPU) simply keeps `linear`, and
 //! `generate` keeps the packed product only when its first one is bit-for-bit
 //! `linear`'s (MKL takes another kernel for two rows, an ulp apart).
+//!
+//! The weight is packed in blocks of vocabulary rows (1 MiB of logits each), so
+//! a greedy step ([`PackedHead::greedy`]) scans each block for its arg-max and
+//! normaliser while the block is still in L2 and never writes the full logits;
+//! sampling takes the full logits from the same blocks.
 use crate::mkl::{mkl, B_MATRIX, NO_TRANS, PACKED, ROW_MAJOR, TRANS};
 use tch::{Device, Kind, Tensor};
 
