@@ -235,7 +235,8 @@ mod tests {
     }
 
     /// The block-by-block greedy scan gives `greedy_rows`' tokens of the full logits and
-    /// log-probs within 1e-6 (the blocks' normalisers are combined in another order),
+    /// log-probs within 1e-5 (both sides sum ~49k float32 terms, in different orders and
+    /// blocks; seen up to 1.6e-6 apart),
     /// across block boundaries and ties, and refuses a NaN row.
     #[test]
     fn greedy_scan_matches_greedy_rows_of_the_logits() {
@@ -253,7 +254,7 @@ mod tests {
                 let (want_tokens, want_logprobs) = crate::kernels::greedy_rows(&head.logits(&h)).unwrap();
                 assert_eq!(tokens, want_tokens, "rows {rows}");
                 for (a, b) in logprobs.iter().zip(&want_logprobs) {
-                    assert!((a - b).abs() < 1e-6, "rows {rows}: log-prob {a} vs {b}");
+                    assert!((a - b).abs() < 1e-5, "rows {rows}: log-prob {a} vs {b}");
                 }
             }
             // A block's worth of ties at the maximum: the first one wins across blocks.
