@@ -1,0 +1,1 @@
+//! Starting processes on hosts (owned by the launch work; placeholder).

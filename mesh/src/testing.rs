@@ -1,0 +1,1 @@
+//! Test fixtures (owned by the launch work; placeholder).
