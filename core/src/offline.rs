@@ -14,6 +14,12 @@
 //! `w_summary` 1, `norm_by_std` true; StepTool `gamma` 0.99, `lam` 0.95,
 //! `kl_coef` 0.3 (applied only where `logprobs` and `ref_logprobs` are given),
 //! `upstream_weighting` false, `critic_free` false.
+//!
+//! Bounds: every number read must be finite and within ±[`MAX_MAGNITUDE`]
+//! (larger ones overflow the estimators' f64 sums and squares, or the f32
+//! output); `gamma` and `lam` lie in [0, 1], `kl_coef` is ≥ 0. An advantage or
+//! return that still comes out non-finite is an error naming its group,
+//! rollout and token, never a null or a silent 0.
 use crate::advantage::grpo::{grpo_advantages, rloo_advantages, ScaleRewards};
 use crate::advantage::slca::{slca_advantages, SlcaParams, SlcaRollout};
 use crate::advantage::steptool::{critic_free_advantages, place_step_rewards, steptool_advantages, StepToolParams, StepToolRollout};
@@ -31,8 +37,8 @@ use serde_json::{json, Value};
 /// A bad `launcher advantages` / `launcher reward` input.
 #[derive(Debug, Clone, PartialEq, thiserror::Error)]
 pub enum OfflineError {
-    /// A line is not JSON.
-    #[error("input: expected a JSON object ({0})")]
+    /// The input is not JSON (the parser's message, with a hint for NaN and Infinity).
+    #[error("input: not valid JSON ({0})")]
     NotJson(String),
     /// A field is missing or has the wrong shape.
     #[error("{path}: expected {expected}")]
@@ -42,6 +48,24 @@ pub enum OfflineError {
         /// What was expected there.
         expected: String,
     },
+}
+
+/// The largest magnitude accepted for any number of the input: squares of
+/// differences (up to 4e30) summed over millions of tokens stay far inside
+/// f64, and advantages, returns and weighted sums stay inside f32 (3.4e38).
+pub const MAX_MAGNITUDE: f64 = 1e15;
+
+/// Parses JSON text; the error says what the parser expected, and that NaN and
+/// Infinity, which some writers emit, are not JSON.
+pub fn parse_json(text: &str) -> Result<Value, OfflineError> {
+    serde_json::from_str(text).map_err(|e| {
+        let hint = if ["NaN", "Infinity"].iter().any(|w| text.contains(w)) {
+            "; NaN and Infinity are not JSON numbers: write null or a finite number"
+        } else {
+            ""
+        };
+        OfflineError::NotJson(format!("{e}{hint}"))
+    })
 }
 
 fn bad(path: impl Into<String>, expected: impl Into<String>) -> OfflineError {
@@ -60,8 +84,60 @@ fn object<'a>(v: &'a Value, path: &str) -> Result<&'a serde_json::Map<String, Va
     v.as_object().ok_or_else(|| bad(if path.is_empty() { "input" } else { path }, "a JSON object"))
 }
 
+/// The expectation of a bounded number, for errors.
+fn bounded(what: &str) -> String {
+    format!("{what} within ±{MAX_MAGNITUDE:e} (larger values overflow the estimators)")
+}
+
+/// A finite number within ±[`MAX_MAGNITUDE`]; `what` says what was expected there.
+fn bounded_number(v: &Value, path: &str, what: &str) -> Result<f64, OfflineError> {
+    match v.as_f64() {
+        Some(x) if x.abs() <= MAX_MAGNITUDE => Ok(x),
+        Some(x) => Err(bad(path, format!("{}, got {}", bounded(what), show(x)))),
+        None => Err(bad(path, what)),
+    }
+}
+
 fn number(v: &Value, path: &str) -> Result<f64, OfflineError> {
-    v.as_f64().ok_or_else(|| bad(path, "a number"))
+    bounded_number(v, path, "a number")
+}
+
+/// An optional parameter in `[lo, hi]` with a default.
+fn param_in(obj: &serde_json::Map<String, Value>, key: &str, default: f64, lo: f64, hi: f64, why: &str) -> Result<f64, OfflineError> {
+    let path = join("params", key);
+    let x = match obj.get(key).filter(|v| !v.is_null()) {
+        None => default,
+        Some(v) => v.as_f64().ok_or_else(|| bad(&path, "a number"))?,
+    };
+    if (lo..=hi).contains(&x) {
+        Ok(x)
+    } else {
+        Err(bad(path, format!("a number in [{}, {}] ({why}), got {}", show(lo), show(hi), show(x))))
+    }
+}
+
+/// A number as errors print it: plain when short, else in exponent form.
+fn show(x: f64) -> String {
+    if x != 0.0 && !(1e-4..1e6).contains(&x.abs()) {
+        format!("{x:e}")
+    } else {
+        x.to_string()
+    }
+}
+
+/// The first non-finite value of per-token output `field`, as an error naming group, rollout and token.
+fn check_finite(field: &str, out: &[Vec<Vec<f32>>]) -> Result<(), OfflineError> {
+    for (g, group) in out.iter().enumerate() {
+        for (i, rollout) in group.iter().enumerate() {
+            if let Some(t) = rollout.iter().position(|x| !x.is_finite()) {
+                return Err(bad(
+                    format!("groups[{g}][{i}]"),
+                    format!("inputs whose {field} are finite: token {t} overflows to {} (scale the inputs down)", rollout[t]),
+                ));
+            }
+        }
+    }
+    Ok(())
 }
 
 /// An optional number field with a default.
@@ -108,7 +184,7 @@ fn numbers(rollout: &serde_json::Map<String, Value>, path: &str, key: &str, len:
     if len.is_some_and(|n| n != items.len()) {
         return Err(bad(p, what));
     }
-    items.iter().map(|x| x.as_f64().ok_or_else(|| bad(&p, &what))).collect()
+    items.iter().map(|x| bounded_number(x, &p, &what)).collect()
 }
 
 fn to_f32(xs: Vec<f64>) -> Vec<f32> {
@@ -167,7 +243,7 @@ fn group_relative(estimator: &str, params: &serde_json::Map<String, Value>, grou
                 .iter()
                 .map(|x| match x {
                     Value::Null => Ok(None),
-                    v => v.as_f64().map(Some).ok_or_else(|| bad(&p, &what)),
+                    v => bounded_number(v, &p, &what).map(Some),
                 })
                 .collect::<Result<Vec<_>, _>>()?;
             rows.push(row);
@@ -184,7 +260,7 @@ fn group_relative(estimator: &str, params: &serde_json::Map<String, Value>, grou
             if items.len() != f {
                 return Err(bad("params.reward_weights", what));
             }
-            items.iter().map(|x| x.as_f64().ok_or_else(|| bad("params.reward_weights", &what))).collect::<Result<_, _>>()?
+            items.iter().map(|x| bounded_number(x, "params.reward_weights", &what)).collect::<Result<_, _>>()?
         }
     };
     let scale_name = params.get("scale_rewards").filter(|s| !s.is_null());
@@ -205,6 +281,7 @@ fn group_relative(estimator: &str, params: &serde_json::Map<String, Value>, grou
         .zip(&advantages)
         .map(|(ms, adv)| ms.iter().zip(adv).map(|(m, a)| broadcast(m, *a)).collect())
         .collect();
+    check_finite("advantages", &per_token)?;
     Ok(json!({ "advantages": per_token }))
 }
 
@@ -231,6 +308,7 @@ fn slca(params: &serde_json::Map<String, Value>, groups: &Rollouts<'_>) -> Resul
             .collect();
         out.push(slca_advantages(&rollouts, &p));
     }
+    check_finite("advantages", &out)?;
     Ok(json!({ "advantages": out }))
 }
 
@@ -245,9 +323,9 @@ struct StepInput {
 
 fn steptool(params: &serde_json::Map<String, Value>, groups: &Rollouts<'_>) -> Result<Value, OfflineError> {
     let p = StepToolParams {
-        gamma: number_or(params, "params", "gamma", 0.99)?,
-        lam: number_or(params, "params", "lam", 0.95)?,
-        kl_coef: number_or(params, "params", "kl_coef", 0.3)?,
+        gamma: param_in(params, "gamma", 0.99, 0.0, 1.0, "a discount")?,
+        lam: param_in(params, "lam", 0.95, 0.0, 1.0, "GAE's λ")?,
+        kl_coef: param_in(params, "kl_coef", 0.3, 0.0, MAX_MAGNITUDE, "a penalty weight")?,
         upstream_weighting: bool_or(params, "params", "upstream_weighting", false)?,
     };
     let critic_free = bool_or(params, "params", "critic_free", false)?;
@@ -290,6 +368,7 @@ fn steptool(params: &serde_json::Map<String, Value>, groups: &Rollouts<'_>) -> R
                     .map_err(|e| bad(format!("groups[{g}]"), format!("step rewards matching the loss masks ({e})")))?,
             );
         }
+        check_finite("advantages", &out)?;
         return Ok(json!({ "advantages": out }));
     }
     let batch: Vec<StepToolRollout<'_>> = inputs
@@ -307,12 +386,15 @@ fn steptool(params: &serde_json::Map<String, Value>, groups: &Rollouts<'_>) -> R
     let regroup = |it: &mut dyn Iterator<Item = Vec<f32>>| -> Vec<Vec<Vec<f32>>> {
         inputs.iter().map(|g| g.iter().map(|_| it.next().unwrap_or_default()).collect()).collect()
     };
-    Ok(json!({ "advantages": regroup(&mut adv), "returns": regroup(&mut ret) }))
+    let (adv, ret) = (regroup(&mut adv), regroup(&mut ret));
+    check_finite("advantages", &adv)?;
+    check_finite("returns", &ret)?;
+    Ok(json!({ "advantages": adv, "returns": ret }))
 }
 
 /// Scores one `launcher reward` input line.
 pub fn reward_json_line(line: &str) -> Result<Value, OfflineError> {
-    let v: Value = serde_json::from_str(line).map_err(|e| OfflineError::NotJson(e.to_string()))?;
+    let v = parse_json(line)?;
     let root = object(&v, "")?;
     let kinds = "one of \"process\", \"final_only\", \"hierr\", \"steptool\"";
     let kind = required(root, "", "reward", kinds)?.as_str().ok_or_else(|| bad("reward", kinds))?;

@@ -67,7 +67,7 @@ fn malformed_completions_are_scored_with_format_zero() {
 #[test]
 fn errors_name_the_field() {
     let e = |v: serde_json::Value| reward_json_line(&v.to_string()).unwrap_err().to_string();
-    assert!(reward_json_line("{not json").unwrap_err().to_string().starts_with("input: expected a JSON object"));
+    assert!(reward_json_line("{not json").unwrap_err().to_string().starts_with("input: not valid JSON"));
     assert!(e(json!({"reward": "vibes", "task": task(), "completion": ""})).starts_with("reward: expected one of"));
     assert!(e(json!({"reward": "process", "completion": ""})).starts_with("task: expected a task object"));
     assert!(e(json!({"reward": "process", "task": {"allowed_tools": []}, "completion": ""})).starts_with("task: expected"));

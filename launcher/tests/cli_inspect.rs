@@ -143,3 +143,111 @@ fn chat_runs_the_tool_loop_with_the_tool_template_when_the_model_has_none() {
     assert_eq!(code(&o), 2);
     assert!(stderr(&o).contains("--tools") && stderr(&o).contains("abacus"), "{}", stderr(&o));
 }
+
+/// A file of `len` bytes that takes no disk (sparse): for refusals that must come before reading.
+fn sparse(dir: &Path, name: &str, len: u64) -> String {
+    let p = dir.join(name);
+    std::fs::File::create(&p).unwrap().set_len(len).unwrap();
+    p.display().to_string()
+}
+
+#[test]
+fn score_refuses_a_sequence_longer_than_the_model_naming_line_length_and_limit() {
+    let dir = tempfile::tempdir().unwrap();
+    let model_dir = tiny_scorer(dir.path());
+    let model = model_dir.to_str().unwrap();
+    // The tiny scorer's max_position_embeddings is 64; 65 ids were scored silently before.
+    let input = format!("{}\n{}\n", json!({"token_ids": [1, 2, 3]}), json!({"token_ids": vec![1u32; 65]}));
+    let o = launcher(&["score", "--model", model, "--input", &write(dir.path(), "long.jsonl", &input)]);
+    assert_eq!(code(&o), 2, "{}", stderr(&o));
+    assert!(stderr(&o).contains("long.jsonl:2: field \"token_ids\": 65 tokens, more than the model's limit of 64 (max_position_embeddings)"), "{}", stderr(&o));
+    // A million ids: refused by length, no allocation in libtorch (it panicked with exit 101).
+    let input = format!("{}\n", json!({"token_ids": vec![7u32; 1_000_000]}));
+    let o = launcher(&["score", "--model", model, "--input", &write(dir.path(), "huge.jsonl", &input)]);
+    assert_eq!(code(&o), 2, "{}", stderr(&o));
+    assert!(stderr(&o).contains("huge.jsonl:1: field \"token_ids\": 1000000 tokens"), "{}", stderr(&o));
+    let o = launcher(&["score", "--model", model, "--input", &write(dir.path(), "ok.jsonl", "{\"token_ids\": [1, 2]}\n"), "--batch", "0"]);
+    assert_eq!(code(&o), 2);
+    assert!(stderr(&o).contains("--batch"), "{}", stderr(&o));
+    let o = launcher(&["score", "--model", model, "--input", &write(dir.path(), "nan.jsonl", "{\"token_ids\": [1, NaN]}\n")]);
+    assert_eq!(code(&o), 2);
+    assert!(stderr(&o).contains("nan.jsonl:1") && stderr(&o).contains("NaN and Infinity are not JSON numbers"), "{}", stderr(&o));
+}
+
+#[test]
+fn oversized_inputs_are_refused_with_the_bound_before_they_are_read() {
+    let dir = tempfile::tempdir().unwrap();
+    let model = models_dir().join("smollm2-135m");
+    // 200 MB inputs aborted with SIGABRT ("memory allocation failed"); these are sparse files.
+    let big = sparse(dir.path(), "big.json", 200 << 20);
+    for args in [vec!["advantages", "--input", &big], vec!["render", "--model", model.to_str().unwrap(), "--input", &big]] {
+        let o = launcher(&args);
+        assert_eq!(code(&o), 2, "{args:?}: {}", stderr(&o));
+        assert!(stderr(&o).contains("big.json: 209715200 bytes, more than the 16 MiB"), "{args:?}: {}", stderr(&o));
+    }
+    // Standard input has no size to look at: it is read up to the bound, then refused.
+    let o = std::process::Command::new(env!("CARGO_BIN_EXE_launcher"))
+        .args(["advantages", "--input", "-"])
+        .stdin(std::fs::File::open(&big).unwrap())
+        .output()
+        .unwrap();
+    assert_eq!(code(&o), 2, "{}", stderr(&o));
+    assert!(stderr(&o).contains("-: more than the 16 MiB `advantages` reads"), "{}", stderr(&o));
+    // JSONL is streamed; one line may not pass 4 MiB.
+    let line = format!("{{\"token_ids\": [{}1]}}\n", "1, ".repeat(5 << 19));
+    let long = write(dir.path(), "long.jsonl", &format!("\n{line}"));
+    let scorer = tiny_scorer(dir.path());
+    for args in [vec!["reward", "--input", &long], vec!["score", "--model", scorer.to_str().unwrap(), "--input", &long]] {
+        let o = launcher(&args);
+        assert_eq!(code(&o), 2, "{args:?}: {}", stderr(&o));
+        assert!(stderr(&o).contains("long.jsonl:2: line longer than 4 MiB"), "{args:?}: {}", stderr(&o));
+    }
+}
+
+#[test]
+fn render_refuses_a_role_the_template_would_drop() {
+    let dir = tempfile::tempdir().unwrap();
+    let smol = models_dir().join("smollm2-135m");
+    // SmolLM2's tokenizer with rlmesh's Qwen2.5-style tool template, which has no branch for unknown roles.
+    let qwen = dir.path().join("qwen-style");
+    std::fs::create_dir(&qwen).unwrap();
+    for f in ["tokenizer.json", "tokenizer_config.json"] {
+        std::fs::copy(smol.join(f), qwen.join(f)).unwrap();
+    }
+    std::fs::write(qwen.join("chat_template.jinja"), rlmesh_actors::controller::init::TOOL_TEMPLATE).unwrap();
+    let req = json!({"messages": [{"role": "user", "content": "Hi"}, {"role": "narrator", "content": "Later that day"}]});
+    let input = write(dir.path(), "r.json", &req.to_string());
+    let o = launcher(&["render", "--model", qwen.to_str().unwrap(), "--input", &input]);
+    assert_eq!(code(&o), 2, "{}", stdout(&o));
+    assert!(stderr(&o).contains("r.json: field \"messages[1].role\": \"narrator\" is a role this model's chat template does not render"), "{}", stderr(&o));
+    // SmolLM2's own template renders any role: the same input renders.
+    let o = launcher(&["render", "--model", smol.to_str().unwrap(), "--input", &input]);
+    assert_eq!(code(&o), 0, "{}", stderr(&o));
+    assert!(stdout(&o).contains("narrator"), "{}", stdout(&o));
+}
+
+#[test]
+fn chat_names_its_flags_and_refuses_a_prompt_that_does_not_fit() {
+    let dir = tempfile::tempdir().unwrap();
+    let smol = models_dir().join("smollm2-135m");
+    let spec = TinySpec { hidden: 32, layers: 1, heads: 2, kv_heads: 1, intermediate: 64 };
+    let model = create_tiny_model(&dir.path().join("tiny"), &smol, spec, 5).unwrap();
+    let m = model.to_str().unwrap();
+    let o = launcher(&["chat", "--model", m, "--prompt", "hi", "--max-new-tokens", "0"]);
+    assert_eq!(code(&o), 2);
+    assert!(stderr(&o).contains("--max-new-tokens") && !stderr(&o).contains("sampling."), "{}", stderr(&o));
+    // A context of 64 positions: a long prompt ended with "[stop] TokenBudget" and no word about it.
+    let config = model.join("config.json");
+    let mut cfg: Value = serde_json::from_str(&std::fs::read_to_string(&config).unwrap()).unwrap();
+    cfg["max_position_embeddings"] = json!(64);
+    std::fs::write(&config, cfg.to_string()).unwrap();
+    let long = "the quick brown fox jumps over the lazy dog ".repeat(20);
+    let o = launcher(&["chat", "--model", m, "--prompt", &long, "--greedy"]);
+    assert_eq!(code(&o), 2, "{}", stdout(&o));
+    let err = stderr(&o);
+    assert!(err.contains("--prompt:") && err.contains("tokens once rendered") && err.contains("context holds 64"), "{err}");
+    // A prompt that fits but leaves less room than --max-new-tokens says so.
+    let o = launcher(&["chat", "--model", m, "--prompt", "the quick brown fox", "--greedy", "--max-new-tokens", "100"]);
+    assert_eq!(code(&o), 0, "{}", stderr(&o));
+    assert!(stderr(&o).contains("a reply gets at most") && stderr(&o).contains("not --max-new-tokens 100"), "{}", stderr(&o));
+}

@@ -10,6 +10,9 @@ use rlmesh_model::{SamplingParams, Tokenizer};
 use serde_json::{json, Value};
 use std::path::PathBuf;
 
+/// Upper bound of `--max-new-tokens`: 2^20, past the context of any model rlmesh loads.
+pub const MAX_NEW_TOKENS: u64 = 1 << 20;
+
 /// Arguments of `launcher chat`.
 #[derive(Args)]
 pub struct ChatArgs {
@@ -25,9 +28,9 @@ pub struct ChatArgs {
     /// Greedy decoding (default: temperature 0.7).
     #[arg(long)]
     greedy: bool,
-    /// Most tokens generated per assistant turn.
-    #[arg(long, default_value_t = 128)]
-    max_new_tokens: usize,
+    /// Most tokens generated per assistant turn (1..=1048576; the model's context bounds it too).
+    #[arg(long, default_value_t = 128, value_parser = clap::value_parser!(u64).range(1..=MAX_NEW_TOKENS))]
+    max_new_tokens: u64,
     /// Print {"messages", "token_ids", "text"} as JSON.
     #[arg(long)]
     json: bool,
@@ -53,10 +56,21 @@ pub fn run(a: ChatArgs) -> CliResult {
         eprintln!("note: {} has no chat template that renders tools; using rlmesh's tool template (Qwen2.5 style)", a.model.display());
         tok.set_chat_template(TOOL_TEMPLATE);
     }
+    let context = usize::try_from(model.config.max_position_embeddings).unwrap_or(usize::MAX);
+    let max_new_tokens = usize::try_from(a.max_new_tokens).unwrap_or(usize::MAX);
+    let prompt_len = prompt_tokens(&tok, &a.prompt, &schemas)?;
+    if prompt_len >= context {
+        return Err(CliError::usage(anyhow::anyhow!(
+            "--prompt: {prompt_len} tokens once rendered with the chat template, but the model's context holds {context} (max_position_embeddings), so no reply would fit"
+        )));
+    }
+    if context - prompt_len < max_new_tokens {
+        eprintln!("note: the prompt takes {prompt_len} of the model's {context} positions: a reply gets at most {} tokens, not --max-new-tokens {max_new_tokens}", context - prompt_len);
+    }
     let cfg = RolloutConfig {
         group_size: 1,
         max_turns: if a.tools.is_empty() { 1 } else { RolloutConfig::default().max_turns },
-        sampling: SamplingParams { max_new_tokens: a.max_new_tokens, temperature: if a.greedy { 0.0 } else { 0.7 }, seed: a.seed, ..Default::default() },
+        sampling: SamplingParams { max_new_tokens, temperature: if a.greedy { 0.0 } else { 0.7 }, seed: a.seed, ..Default::default() },
         ..RolloutConfig::default()
     };
     let traj = rollout::chat(&model, &tok, &registry, &a.prompt, &cfg, a.seed)?;
@@ -70,6 +84,14 @@ pub fn run(a: ChatArgs) -> CliResult {
         print_conversation(&messages, &traj);
     }
     Ok(())
+}
+
+/// The rendered prompt's length in tokens, as the tool loop renders it (the user message, the tools, the generation prompt).
+fn prompt_tokens(tok: &Tokenizer, prompt: &str, schemas: &[Value]) -> CliResult<usize> {
+    let messages = [json!({"role": "user", "content": prompt})];
+    let tools = (!schemas.is_empty()).then_some(schemas);
+    let (_, ids) = tok.render_ids(&messages, tools, true).usage("--prompt: rendering it with the chat template")?;
+    Ok(ids.len())
 }
 
 /// A message object without its null fields.
@@ -104,5 +126,8 @@ fn print_conversation(messages: &[Message], traj: &Trajectory) {
     for e in &traj.format_errors {
         println!("[format error] {e}");
     }
-    println!("[stop] {:?}", traj.stop_reason);
+    match traj.stop_reason {
+        rlmesh_core::StopReason::TokenBudget => println!("[stop] TokenBudget (the model's context or the token budget is used up)"),
+        other => println!("[stop] {other:?}"),
+    }
 }
