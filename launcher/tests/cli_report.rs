@@ -107,3 +107,41 @@ fn report_rejects_what_is_not_a_run_directory() {
     assert_eq!(code(&o), 2);
     assert!(stderr(&o).contains("metrics.jsonl:2: expected a JSON object of step metrics"), "{}", stderr(&o));
 }
+
+#[test]
+fn extreme_metrics_are_left_out_of_the_plots_with_a_note_instead_of_hanging() {
+    let dir = tempfile::tempdir().unwrap();
+    let run = dir.path().join("run");
+    std::fs::create_dir_all(&run).unwrap();
+    let lines = [
+        json!({"step": 1, "reward_mean": 0.5, "trajectory_success": 0.5}),
+        json!({"step": 2, "reward_mean": 1e308, "trajectory_success": 0.6}),
+        json!({"step": 3, "reward_mean": -1e308, "trajectory_success": 0.7}),
+        json!({"step": 1e300, "reward_mean": 0.7, "trajectory_success": 0.8}),
+        json!({"step": 5, "reward_mean": 0.9, "trajectory_success": 0.9}),
+    ];
+    std::fs::write(run.join("metrics.jsonl"), lines.iter().map(|l| format!("{l}\n")).collect::<String>()).unwrap();
+    // Before: plotters' key points looped forever at 100% CPU on the overflowing range.
+    let mut child = std::process::Command::new(env!("CARGO_BIN_EXE_launcher"))
+        .args(["report", run.to_str().unwrap()])
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(60);
+    while child.try_wait().unwrap().is_none() {
+        if std::time::Instant::now() > deadline {
+            child.kill().unwrap();
+            panic!("launcher report still running after 60 s");
+        }
+        std::thread::sleep(std::time::Duration::from_millis(50));
+    }
+    let o = child.wait_with_output().unwrap();
+    assert_eq!(code(&o), 0, "{}", stderr(&o));
+    let out = stdout(&o);
+    assert!(out.contains("note: ") && out.contains("3 of 5 points of reward_mean left out of rewards.png: the step or value is beyond ±1e15"), "{out}");
+    assert!(out.contains("1 of 5 points of trajectory_success left out of success.png"), "{out}");
+    assert!(row(&out, "reward_mean").contains("0.5000 → 0.9000"), "{out}");
+    assert_png(&run.join("report/rewards.png"));
+    assert_png(&run.join("report/success.png"));
+}

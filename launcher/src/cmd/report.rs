@@ -7,6 +7,10 @@
 //! Their text uses the TTF file in `RLMESH_FONT`, else the first DejaVu Sans
 //! (Debian's `fonts-dejavu-core`) or Arial found; without one (or with
 //! `RLMESH_FONT` empty) the plots are drawn without text.
+//!
+//! A plotted value (or step) beyond ±[`MAX_PLOTTED`] is left out of its
+//! plot, and the report says so in a `note:` line: plotters' axis computation
+//! never ends on a range that overflows (metrics of ±1e308 hung it).
 use crate::error::{CliError, CliResult, UsageContext};
 use clap::Args;
 use plotters::prelude::*;
@@ -23,6 +27,11 @@ pub struct ReportArgs {
     #[arg(required = true, num_args = 1..=2)]
     run_dirs: Vec<PathBuf>,
 }
+
+/// The largest magnitude drawn (1e15): ranges stay far from f64 overflow, and
+/// no reward, rate or step of a real run comes near it; beyond it a value is a
+/// logging fault, left out of the plot with a note.
+pub const MAX_PLOTTED: f64 = 1e15;
 
 /// Font files tried, in order, when `RLMESH_FONT` is unset.
 const FONT_FILES: &[&str] = &[
@@ -57,7 +66,10 @@ pub fn run(a: ReportArgs) -> CliResult {
         eprintln!("note: plots are drawn without text: RLMESH_FONT is empty or unset and none of {} exists (set RLMESH_FONT=FILE.ttf)", FONT_FILES.join(", "));
     }
     for r in &runs {
-        let written = write_plots(r, font.is_some())?;
+        let (written, notes) = write_plots(r, font.is_some())?;
+        for n in notes {
+            println!("note: {n}");
+        }
         if !written.is_empty() {
             let names: Vec<String> = written.iter().map(|p| p.display().to_string()).collect();
             println!("plots: {}", names.join(", "));
@@ -122,6 +134,8 @@ fn fmt_value(key: &str, v: &Value) -> String {
                 format!("{:.2}%", 100.0 * x)
             } else if n.is_i64() || n.is_u64() {
                 n.to_string()
+            } else if x.abs() >= MAX_PLOTTED {
+                format!("{x:e}")
             } else if x.abs() >= 100.0 {
                 format!("{x:.1}")
             } else {
@@ -244,13 +258,31 @@ fn register_font() -> CliResult<Option<PathBuf>> {
     Ok(Some(path))
 }
 
-/// Draws every plot that has data into `RUN_DIR/report/`; returns the files written.
-fn write_plots(run: &Run, text: bool) -> CliResult<Vec<PathBuf>> {
+/// Draws every plot that has data into `RUN_DIR/report/`; returns the files
+/// written and a note for each metric that had points left out (beyond ±[`MAX_PLOTTED`]).
+fn write_plots(run: &Run, text: bool) -> CliResult<(Vec<PathBuf>, Vec<String>)> {
     let dir = run.dir.join("report");
     let mut written = vec![];
+    let mut notes = vec![];
+    let drawable = |x: f64| x.is_finite() && x.abs() <= MAX_PLOTTED;
     for (file, title, rates, keys) in PLOTS {
         let names = union_keys(run.metrics.iter(), |k, v| v.is_number() && keys.iter().any(|p| if p.ends_with('/') { k.starts_with(p) } else { k == *p }));
-        let series: Vec<(String, Vec<(f64, f64)>)> = names.into_iter().map(|k| { let s = run.series(&k); (k, s) }).filter(|(_, s)| !s.is_empty()).collect();
+        let mut series: Vec<(String, Vec<(f64, f64)>)> = Vec::new();
+        for k in names {
+            let all = run.series(&k);
+            let kept: Vec<(f64, f64)> = all.iter().copied().filter(|&(x, y)| drawable(x) && drawable(y)).collect();
+            if kept.len() < all.len() {
+                notes.push(format!(
+                    "{}: {} of {} points of {k} left out of {file}: the step or value is beyond ±{MAX_PLOTTED:e}",
+                    run.dir.display(),
+                    all.len() - kept.len(),
+                    all.len()
+                ));
+            }
+            if !kept.is_empty() {
+                series.push((k, kept));
+            }
+        }
         if series.is_empty() {
             continue;
         }
@@ -259,7 +291,7 @@ fn write_plots(run: &Run, text: bool) -> CliResult<Vec<PathBuf>> {
         line_plot(&path, &format!("{title} — {}", run.dir.display()), &series, *rates, text).map_err(|e| anyhow::anyhow!("{}: drawing: {e}", path.display()))?;
         written.push(path);
     }
-    Ok(written)
+    Ok((written, notes))
 }
 
 /// One PNG of lines over steps; `rates` fixes the y axis to [0, 1]; `text` draws title, labels and legend.
