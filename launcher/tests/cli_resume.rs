@@ -60,9 +60,10 @@ fn a_killed_run_resumes_without_training_a_group_twice() {
     let recipe = recipe(tmp.path(), "resume-test", "1e-4");
     let run = tmp.path().join("run");
 
-    // Nothing to resume yet.
+    // Nothing to resume yet: refused as bad input, and nothing is created.
     let o = up(&recipe, &run, &["--resume"]).output().unwrap();
-    assert_ne!(o.status.code(), Some(0));
+    assert_eq!(o.status.code(), Some(2));
+    assert!(!run.exists());
     assert!(String::from_utf8_lossy(&o.stderr).contains("no checkpoint to resume from"), "{}", String::from_utf8_lossy(&o.stderr));
 
     // Start, and kill -9 once RL is past the checkpoint of step 3 but before the end.
@@ -84,12 +85,18 @@ fn a_killed_run_resumes_without_training_a_group_twice() {
     let before = lines(&run.join("metrics.jsonl")).len();
     assert!(before >= 5, "{before} metric rows before the kill");
 
-    // Another recipe is refused, naming the stored one.
+    // A crash mid-write leaves a torn last ledger line.
+    let mut ledger = std::fs::read(run.join("ledger.jsonl")).unwrap();
+    ledger.extend_from_slice(b"{\"event\":\"disp");
+    std::fs::write(run.join("ledger.jsonl"), &ledger).unwrap();
+
+    // Another recipe is refused, naming the stored one, and the refusal changes no file.
     let elsewhere = tmp.path().join("other");
     std::fs::create_dir_all(&elsewhere).unwrap();
     let other = self::recipe(&elsewhere, "resume-test", "2e-4");
     let o = up(&other, &run, &["--resume"]).output().unwrap();
-    assert_ne!(o.status.code(), Some(0));
+    assert_eq!(o.status.code(), Some(2));
+    assert_eq!(std::fs::read(run.join("ledger.jsonl")).unwrap(), ledger, "a refused resume rewrote the ledger");
     assert!(String::from_utf8_lossy(&o.stderr).contains("the run was started with another recipe: `rl.lr` was 0.0001 in its config.json, is 0.0002 now"), "{}", String::from_utf8_lossy(&o.stderr));
 
     // A copy whose ledger lost its records is refused, not resumed.
@@ -97,16 +104,25 @@ fn a_killed_run_resumes_without_training_a_group_twice() {
     assert!(Command::new("cp").arg("-a").arg(&run).arg(&damaged).status().unwrap().success());
     std::fs::write(damaged.join("ledger.jsonl"), "").unwrap();
     let o = up(&recipe, &damaged, &["--resume"]).output().unwrap();
-    assert_ne!(o.status.code(), Some(0));
+    assert_eq!(o.status.code(), Some(2));
     assert!(String::from_utf8_lossy(&o.stderr).contains("the ledger lost records, refusing to resume"), "{}", String::from_utf8_lossy(&o.stderr));
 
     // Resume to the end.
+    let newest = std::fs::read_link(run.join("checkpoints/latest")).map(|l| run.join("checkpoints").join(l)).unwrap();
+    let state: Value = serde_json::from_slice(&std::fs::read(newest.join("state.json")).unwrap()).unwrap();
+    let before_resume = state["meta"]["data_cursor"]["wall_seconds"].as_f64().unwrap_or(0.0);
+    let t = Instant::now();
     let o = up(&recipe, &run, &["--resume"]).output().unwrap();
+    let resumed = t.elapsed();
     let err = String::from_utf8_lossy(&o.stderr);
     assert_eq!(o.status.code(), Some(0), "{err}");
     assert!(err.contains("resuming at RL step 3") || err.contains("resuming at RL step 6"), "{err}");
     let summary: Value = serde_json::from_slice(&std::fs::read(run.join("summary.json")).unwrap()).unwrap();
     assert_eq!(summary["steps"], STEPS);
+    // The whole run's wall time: the killed process's to its checkpoint, then the resumed one's.
+    let wall = summary["wall_seconds"].as_f64().unwrap();
+    assert!(before_resume > 0.0 && wall > before_resume && wall < before_resume + resumed.as_secs_f64(), "{wall} s: {before_resume} s to the checkpoint, {resumed:?} resuming");
+    assert_eq!(lines(&run.join("eval_rollouts.jsonl")).len(), 4, "one table of the final policy");
 
     // The ledger: replaying it, a group is trained at most once between rollbacks,
     // and at the end every step's groups are trained exactly once.

@@ -6,13 +6,17 @@
 //! - [`recipe`] — `configs/*.toml`: model, tasks, tools, reward, estimator, SFT and RL settings;
 //! - [`ledger`] — the durable record that trains every prompt group exactly once;
 //! - [`staleness`] — which scored groups the learner may train on, per mode;
-//! - [`source`] — TOML loading whose errors name the file, line and field.
+//! - [`source`] — TOML loading whose errors name the file, line and field;
+//! - [`status`] — `RUN_DIR/status.json`, written by the job, read by `launcher status`/`down`;
+//! - [`run_dir`] — a run directory's owner: the lock the live job holds.
 pub mod init;
 pub mod ledger;
 pub mod plan;
 pub mod recipe;
 pub mod source;
 pub mod run;
+pub mod run_dir;
 pub mod staleness;
+pub mod status;
 pub mod supervisor;
 pub mod topology;

@@ -9,9 +9,11 @@
 //! ledger. At the end the policy is evaluated greedily on held-out tasks and
 //! `summary.json` is written.
 use super::init::{build_task_tokenizer, create_tiny_model, InitError};
-use super::ledger::{Ledger, LedgerError};
+use super::ledger::{Event, Ledger, LedgerError, LEDGER_FILE};
 use super::recipe::Recipe;
+use super::run_dir::{LockError, RunDirLock};
 use super::staleness::{Admission, Gate, Mode};
+use super::status::RunStatus;
 use super::supervisor::{RolloutSlots, RolloutSupervisor, SupervisorArgs};
 use crate::learner::actor::{LearnerActor, LearnerArgs, LearnerMsg};
 use crate::learner::{AdamWConfig, CheckpointMeta, ClipParams, LearnerConfig, LrSchedule, SftBatch, SftSequence, StepStats, TrainBatch, TrainSequence};
@@ -64,13 +66,12 @@ pub struct RunOptions {
     pub resume: bool,
 }
 
-/// Write `status.json` (read by `launcher status` / `launcher down`).
-fn write_status(dir: &Path, phase: &str, step: u64, version: u64, extra: Value) {
-    let v = json!({"pid": std::process::id(), "phase": phase, "step": step, "version": version,
-                   "updated_at": std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map(|d| d.as_secs()).unwrap_or(0),
-                   "processes": [{"name": "main", "pid": std::process::id(), "roles": ["controller", "rollout", "reward", "learner", "weight_sync"]}],
-                   "details": extra});
-    let _ = rlmesh_model::io::write_atomic(&dir.join("status.json"), v.to_string().as_bytes());
+/// Write `status.json` (read by `launcher status` / `launcher down`) at `phase`, `step`, `version`.
+fn write_status(status: &mut RunStatus, dir: &Path, phase: &str, step: u64, version: u64) {
+    status.phase = phase.to_string();
+    status.step = step;
+    status.version = version;
+    let _ = status.write(dir);
 }
 
 /// `summary.json`: the held-out figures of a finished run.
@@ -115,6 +116,10 @@ pub enum RunError {
     /// Set-up failed (model, tokenizer, tools, tasks).
     #[error("set-up: {0}")]
     Setup(String),
+    /// The request is refused before anything was changed (a live run owns the
+    /// directory, nothing to resume, another recipe, a port in use): the user's to fix.
+    #[error("{0}")]
+    Refused(String),
     /// An actor failed beyond recovery.
     #[error("{actor}: {message}")]
     Actor {
@@ -156,10 +161,6 @@ fn mix(state: &mut u64) -> u64 {
 struct Jsonl(std::fs::File, PathBuf, usize);
 
 impl Jsonl {
-    fn create(path: PathBuf) -> Result<Jsonl, RunError> {
-        let f = std::fs::OpenOptions::new().create(true).append(true).open(&path).map_err(io(&path))?;
-        Ok(Jsonl(f, path, 0))
-    }
     /// Opens `path` keeping only its first `rows` lines (what a checkpoint had seen).
     fn resume(path: PathBuf, rows: usize) -> Result<Jsonl, RunError> {
         let text = std::fs::read_to_string(&path).unwrap_or_default();
@@ -192,10 +193,17 @@ struct Cursor {
     /// The held-out figures measured after the warm-up (greedy, sampled).
     after_warmup: Value,
     after_warmup_sampled: Value,
+    /// Groups the ledger recorded as trained at the checkpoint (absent in older checkpoints).
+    #[serde(default)]
+    groups_trained: Option<usize>,
+    /// Wall seconds of the run up to the checkpoint, over all its processes.
+    #[serde(default)]
+    wall_seconds: f64,
 }
 
 impl Cursor {
-    fn at(step: u64, train_cursor: usize, metrics: &Jsonl, rollouts: &Jsonl, after_warmup: &Value, after_warmup_sampled: &Value) -> Cursor {
+    #[allow(clippy::too_many_arguments)]
+    fn at(step: u64, train_cursor: usize, metrics: &Jsonl, rollouts: &Jsonl, after_warmup: &Value, after_warmup_sampled: &Value, ledger: &Ledger, wall_seconds: f64) -> Cursor {
         Cursor {
             step,
             train_cursor,
@@ -203,6 +211,8 @@ impl Cursor {
             rollouts_rows: rollouts.rows(),
             after_warmup: after_warmup.clone(),
             after_warmup_sampled: after_warmup_sampled.clone(),
+            groups_trained: Some(ledger.counts().trained),
+            wall_seconds,
         }
     }
 }
@@ -283,10 +293,11 @@ impl Progress {
     }
 }
 
-/// A fresh run never appends to an earlier run's ledger and logs: a non-empty
-/// `dir` is renamed to `<dir>.prev-<unix seconds>` (returned) before the run starts.
+/// A fresh run never appends to an earlier run's ledger and logs: a `dir` holding
+/// anything but its lock file is renamed to `<dir>.prev-<unix seconds>` (returned)
+/// before the run starts. Call it holding `dir`'s lock ([`claim_run_dir`] does).
 pub fn set_aside_previous_run(dir: &Path) -> Result<Option<PathBuf>, RunError> {
-    let occupied = std::fs::read_dir(dir).map(|mut d| d.next().is_some()).unwrap_or(false);
+    let occupied = std::fs::read_dir(dir).map(|d| d.flatten().any(|e| e.file_name() != super::run_dir::LOCK_FILE)).unwrap_or(false);
     if !occupied {
         return Ok(None);
     }
@@ -305,10 +316,70 @@ pub fn set_aside_previous_run(dir: &Path) -> Result<Option<PathBuf>, RunError> {
     Ok(Some(target))
 }
 
-/// A run can resume when its directory holds a checkpoint and was started with
-/// the same recipe (`config.json`); anything else is refused before starting.
+/// Takes `dir` for a new job: refused when a live run holds its lock; otherwise,
+/// for a fresh run, an earlier run in it is set aside (see [`set_aside_previous_run`])
+/// while we hold its lock, and `dir` is created anew. The lock is the job's for its life.
+pub fn claim_run_dir(dir: &Path, resume: bool) -> Result<(RunDirLock, Option<PathBuf>), RunError> {
+    let lock = |d: &Path| {
+        RunDirLock::acquire(d).map_err(|e| match e {
+            LockError::Held { .. } => RunError::Refused(e.to_string()),
+            LockError::Io { path, source } => RunError::Io { path, source },
+        })
+    };
+    if !dir.is_dir() {
+        std::fs::create_dir_all(dir).map_err(io(dir))?;
+        return Ok((lock(dir)?, None));
+    }
+    let old = lock(dir)?;
+    if resume {
+        return Ok((old, None));
+    }
+    let Some(previous) = set_aside_previous_run(dir)? else { return Ok((old, None)) };
+    drop(old);
+    std::fs::create_dir_all(dir).map_err(io(dir))?;
+    Ok((lock(dir)?, Some(previous)))
+}
+
+/// The newest checkpoint's pipeline record (`state.json`'s data cursor), read without changing anything.
+fn newest_cursor(dir: &Path) -> Option<Cursor> {
+    let (_, newest) = crate::learner::list_checkpoints(&dir.join("checkpoints")).into_iter().next()?;
+    let state: Value = serde_json::from_str(&std::fs::read_to_string(newest.join("state.json")).ok()?).ok()?;
+    serde_json::from_value(state.get("meta")?.get("data_cursor")?.clone()).ok()
+}
+
+/// Replays `ledger.jsonl` without changing it: (next group id, groups trained at steps ≤ `step`).
+/// A torn last line is skipped, as [`Ledger::open`] would cut it off.
+fn ledger_at(dir: &Path, step: u64) -> (u64, usize) {
+    let text = std::fs::read_to_string(dir.join(LEDGER_FILE)).unwrap_or_default();
+    let mut next = 0;
+    let mut trained: HashMap<u64, u64> = HashMap::new();
+    for e in text.lines().filter_map(|l| serde_json::from_str::<Event>(l).ok()) {
+        if let Some(g) = e.group() {
+            next = next.max(g + 1);
+        }
+        match e {
+            Event::Trained { group, step } => {
+                trained.insert(group, step);
+            }
+            Event::Rollback { step } => trained.retain(|_, s| *s <= step),
+            _ => {}
+        }
+    }
+    (next, trained.values().filter(|s| **s <= step).count())
+}
+
+/// A resumed run that already finished: its `summary.json`, when it trained `steps` steps.
+/// Resuming it does nothing and changes no file.
+pub fn finished_run(dir: &Path, steps: u64) -> Option<Summary> {
+    let summary: Summary = serde_json::from_str(&std::fs::read_to_string(dir.join("summary.json")).ok()?).ok()?;
+    (summary.steps >= steps && newest_cursor(dir).is_some_and(|c| c.step >= steps)).then_some(summary)
+}
+
+/// A run can resume when its directory holds a checkpoint, was started with the
+/// same recipe (`config.json`) and its ledger holds every group the checkpoint
+/// counted; anything else is refused before anything is changed.
 pub fn check_resumable(dir: &Path, recipe: &Recipe) -> Result<(), RunError> {
-    let refuse = |why: String| Err(RunError::Setup(format!("--resume: {}: {why}", dir.display())));
+    let refuse = |why: String| Err(RunError::Refused(format!("--resume: {}: {why}", dir.display())));
     if crate::learner::list_checkpoints(&dir.join("checkpoints")).is_empty() {
         return refuse("no checkpoint to resume from (start the run without --resume)".into());
     }
@@ -318,10 +389,24 @@ pub fn check_resumable(dir: &Path, recipe: &Recipe) -> Result<(), RunError> {
         None => return refuse("config.json is missing or unreadable".into()),
     };
     let ours = serde_json::to_value(recipe).expect("recipes serialise");
-    match first_difference("", stored.get("recipe").unwrap_or(&Value::Null), &ours) {
-        Some((field, was, now)) => refuse(format!("the run was started with another recipe: `{field}` was {was} in its config.json, is {now} now")),
-        None => Ok(()),
+    if let Some((field, was, now)) = first_difference("", stored.get("recipe").unwrap_or(&Value::Null), &ours) {
+        return refuse(format!("the run was started with another recipe: `{field}` was {was} in its config.json, is {now} now"));
     }
+    // The ledger is written before the checkpoint that counts it: one that has
+    // seen fewer groups than the checkpoint lost records, and resuming from it
+    // could train a group twice or leave one untrained.
+    let Some(c) = newest_cursor(dir) else { return Ok(()) };
+    let (next, trained) = ledger_at(dir, c.step);
+    if (next as usize) < c.train_cursor || c.groups_trained.is_some_and(|n| trained < n) {
+        return refuse(format!(
+            "{} records {next} groups ({trained} trained by step {}) but the checkpoint saw {}{}: the ledger lost records, refusing to resume",
+            dir.join(LEDGER_FILE).display(),
+            c.step,
+            c.train_cursor,
+            c.groups_trained.map_or_else(String::new, |n| format!(" ({n} trained)"))
+        ));
+    }
+    Ok(())
 }
 
 /// The first field where two JSON values differ: (dotted path, a's value, b's value).
@@ -351,16 +436,24 @@ pub async fn run(opts: RunOptions) -> Result<Summary, RunError> {
     let dir = opts.run_dir.clone();
     let recipe = opts.recipe.clone();
     let cfg_path = dir.join("config.json");
+    let steps = opts.max_steps.unwrap_or(recipe.rl.steps);
+    // Every check comes before anything is created: a refused run changes no file.
     if opts.resume {
         check_resumable(&dir, &recipe)?;
+        if let Some(summary) = finished_run(&dir, steps) {
+            progress.line(format!("{} finished at step {}; nothing to resume", dir.display(), summary.steps));
+            return Ok(summary);
+        }
     }
-    let previous = if opts.resume { None } else { set_aside_previous_run(&dir)? };
-    std::fs::create_dir_all(&dir).map_err(io(&dir))?;
+    let metrics = Arc::new(Metrics::new());
+    let server = serve(metrics.registry(), opts.metrics_addr.as_str())
+        .map_err(|e| RunError::Refused(format!("/metrics on {} (--metrics-addr, or the topology's ports.metrics): {e}", opts.metrics_addr)))?;
+    let metrics_addr = server.local_addr().to_string();
+    let (_lock, previous) = claim_run_dir(&dir, opts.resume)?;
+    let mut status = RunStatus::of_this_process(&["controller", "rollout", "reward", "learner", "weight_sync"]);
+    status.metrics_addr = Some(metrics_addr.clone());
     std::fs::write(&cfg_path, serde_json::to_string_pretty(&json!({"recipe": recipe, "rollout_actors": opts.rollout_actors})).expect("json"))
         .map_err(io(&cfg_path))?;
-    let metrics = Arc::new(Metrics::new());
-    let server = serve(metrics.registry(), opts.metrics_addr.as_str()).map_err(|e| RunError::Setup(format!("/metrics on {}: {e}", opts.metrics_addr)))?;
-    let metrics_addr = server.local_addr().to_string();
     progress.line(format!("run {} → {} (metrics at http://{metrics_addr}/metrics)", recipe.name, dir.display()));
     if let Some(p) = previous {
         progress.line(format!("the run that was in {} is kept in {}", dir.display(), p.display()));
@@ -391,7 +484,7 @@ pub async fn run(opts: RunOptions) -> Result<Summary, RunError> {
     if let Some(n) = opts.eval_limit {
         held_out.truncate(n);
     }
-    write_status(&dir, "warmup", 0, 0, json!({"metrics_addr": metrics_addr}));
+    write_status(&mut status, &dir, "warmup", 0, 0);
     let cores = std::thread::available_parallelism().map(|n| n.get()).unwrap_or(2) as i32;
 
     // The learner, warmed up with SFT.
@@ -508,13 +601,15 @@ pub async fn run(opts: RunOptions) -> Result<Summary, RunError> {
     // RL.
     let mut ledger = Ledger::open(&dir)?;
     let start = resumed.as_ref().map(|r| r.1.clone()).unwrap_or_default();
+    // Wall seconds of the whole run: the processes before this one (to their last checkpoint) and this one.
+    let wall = |t0: &Instant| start.wall_seconds + t0.elapsed().as_secs_f64();
     let mut retry: VecDeque<(u64, Task)> = VecDeque::new();
     if resumed.is_some() {
         // The ledger is written before the checkpoint that counts it: one that has
         // seen fewer groups than the checkpoint lost records, and resuming from it
         // could train a group twice.
         if (ledger.next_group_id() as usize) < start.train_cursor {
-            return Err(RunError::Setup(format!(
+            return Err(RunError::Refused(format!(
                 "--resume: {} records {} groups but the checkpoint saw {}: the ledger lost records, refusing to resume",
                 ledger.path().display(),
                 ledger.next_group_id(),
@@ -529,13 +624,12 @@ pub async fn run(opts: RunOptions) -> Result<Summary, RunError> {
         }
         progress.line(format!("ledger: {} groups to send out again", retry.len()));
     } else {
-        let c = Cursor { after_warmup: after_warmup.clone(), after_warmup_sampled: after_warmup_sampled.clone(), ..Default::default() };
+        let c = Cursor { after_warmup: after_warmup.clone(), after_warmup_sampled: after_warmup_sampled.clone(), groups_trained: Some(0), wall_seconds: t0.elapsed().as_secs_f64(), ..Default::default() };
         checkpoint(&driver.learner, &dir, version, &c).await?;
     }
     let mode = recipe.mode();
     let mut gate = Gate::new(mode);
     let ahead = mode.max_staleness() as usize;
-    let steps = opts.max_steps.unwrap_or(recipe.rl.steps);
     let gps = recipe.rl.groups_per_step;
     let scale = recipe.scale_rewards().unwrap_or(ScaleRewards::Group);
     let mut metrics_log = Jsonl::resume(dir.join("metrics.jsonl"), start.metrics_rows)?;
@@ -686,10 +780,12 @@ pub async fn run(opts: RunOptions) -> Result<Summary, RunError> {
             metrics.learner_grad_norm.set(stats.grad_norm);
             metrics_log.write(&row)?;
             if step % recipe.rl.checkpoint_every == 0 && step < steps {
-                let c = Cursor::at(step, cursor, &metrics_log, &rollouts_log, &after_warmup, &after_warmup_sampled);
+                let c = Cursor::at(step, cursor, &metrics_log, &rollouts_log, &after_warmup, &after_warmup_sampled, &ledger, wall(&t0));
                 checkpoint(&driver.learner, &dir, version, &c).await?;
             }
-            write_status(&dir, "rl", step, version, json!({"metrics_addr": metrics_addr, "tokens_per_s": row["tokens_per_s"], "staleness_max": max_stale}));
+            status.tokens_per_s = row["tokens_per_s"].as_f64();
+            status.staleness_max = Some(max_stale);
+            write_status(&mut status, &dir, "rl", step, version);
             progress.line(format!(
                 "rl {step}/{steps} v{version} reward {:.3} success {:.2} tool {:.2} unnecessary {:.2} repeated {:.2} | {:.0} gen tok/s | stale ≤{max_stale}",
                 reward_mean, f["trajectory_success"].as_f64().unwrap_or(0.0), f["tool_call_rate"].as_f64().unwrap_or(0.0),
@@ -709,6 +805,10 @@ pub async fn run(opts: RunOptions) -> Result<Summary, RunError> {
     for g in ready.drain(..) {
         ledger.dropped(g.group.group_id, "run ended")?;
     }
+    // Groups to send out again when no step was left to train them (a resumed run at its last step).
+    for (id, _) in retry.drain(..) {
+        ledger.dropped(id, "run ended")?;
+    }
     while let Some(done) = publishes.join_next().await {
         if let Ok(Ok(secs)) = done {
             metrics.weight_sync_seconds.observe(secs);
@@ -716,12 +816,13 @@ pub async fn run(opts: RunOptions) -> Result<Summary, RunError> {
     }
 
     // Held-out evaluation with the final policy.
-    write_status(&dir, "eval", step, version, json!({"metrics_addr": metrics_addr}));
+    write_status(&mut status, &dir, "eval", step, version);
     driver.publish(version, true).await?;
     let eval = driver.evaluate(&held_out, recipe.seed + 1, true).await?;
     let f = figures(&eval);
     let f_sampled = figures(&driver.evaluate(&held_out, recipe.seed + 1, false).await?);
-    let mut eval_log = Jsonl::create(dir.join("eval_rollouts.jsonl"))?;
+    // The final policy's table, written anew (a resumed run does not append a second one).
+    let mut eval_log = Jsonl::resume(dir.join("eval_rollouts.jsonl"), 0)?;
     for s in eval.iter().flat_map(|g| &g.scores) {
         eval_log.write(&s.row)?;
     }
@@ -734,7 +835,7 @@ pub async fn run(opts: RunOptions) -> Result<Summary, RunError> {
     ] {
         gauge.with_label_values(&["eval"]).set(f[k].as_f64().unwrap_or(0.0));
     }
-    let c = Cursor::at(step, cursor, &metrics_log, &rollouts_log, &after_warmup, &after_warmup_sampled);
+    let c = Cursor::at(step, cursor, &metrics_log, &rollouts_log, &after_warmup, &after_warmup_sampled, &ledger, wall(&t0));
     let ckpt = checkpoint(&driver.learner, &dir, version, &c).await?;
     for f in ["tokenizer.json", "tokenizer_config.json", "generation_config.json", "chat_template.jinja"] {
         let src = model_dir.join(f);
@@ -757,10 +858,10 @@ pub async fn run(opts: RunOptions) -> Result<Summary, RunError> {
         groups: json!({"trained": counts.trained, "dropped": counts.dropped, "in_flight": counts.dispatched + counts.scored,
                         "stale": gate.stale, "redispatched": metrics.groups_redispatched_total.get()}),
         actor_restarts: metrics.actor_restarts_total.with_label_values(&["rollout-0"]).get(),
-        wall_seconds: t0.elapsed().as_secs_f64(),
+        wall_seconds: wall(&t0),
         metrics_addr: metrics_addr.clone(),
     };
-    write_status(&dir, "done", step, version, json!({"metrics_addr": metrics_addr}));
+    write_status(&mut status, &dir, "done", step, version);
     let path = dir.join("summary.json");
     std::fs::write(&path, serde_json::to_string_pretty(&summary).expect("json")).map_err(io(&path))?;
     progress.line(format!(

@@ -1,17 +1,26 @@
 //! `launcher status` and `launcher down`: a running job's `RUN_DIR/status.json`
-//! (`{pid, step, version, phase, tokens_per_s, staleness, processes, updated_at}`,
-//! rewritten by the job) and its process.
+//! ([`RunStatus`], rewritten by the job) and its process.
+//!
+//! Nothing read from the file is trusted: its pid is signalled only when it is
+//! in range, is still the process that wrote the file (host, boot, start time)
+//! and holds the run directory's lock; its text is printed with control
+//! characters escaped.
 use crate::error::{CliError, CliResult, UsageContext};
 use clap::Args;
+use rlmesh_actors::controller::run_dir::{RunDirLock, LOCK_FILE};
+use rlmesh_actors::controller::status::{live_start_time, pid_max, PidOwner, RunStatus, STATUS_FILE};
 use serde_json::Value;
 use std::path::{Path, PathBuf};
-use std::process::{Command, Stdio};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 /// Where runs live when `--run-dir` is not given.
 const RUNS: &str = "runs";
 /// How long `down` waits for the job to checkpoint and exit.
 const DOWN_WAIT: Duration = Duration::from_secs(60);
+/// A status file is a few hundred bytes; anything past this is not one.
+const MAX_STATUS_BYTES: u64 = 1 << 20;
+/// Strings from the file are cut to this many characters when printed.
+const MAX_SHOWN: usize = 200;
 
 /// Arguments of `launcher status` and `launcher down`.
 #[derive(Args)]
@@ -22,121 +31,171 @@ pub struct RunDirArgs {
 }
 
 /// A job's last `status.json` and where it was read.
-struct Status {
+struct Loaded {
     dir: PathBuf,
-    pid: u32,
-    json: Value,
+    status: RunStatus,
 }
 
 /// `launcher status`.
 pub fn status(a: RunDirArgs) -> CliResult {
-    let s = load(a.run_dir)?;
-    let j = &s.json;
-    let field = |k: &str| j.get(k).map_or_else(|| "?".to_string(), |v| v.as_str().map_or_else(|| v.to_string(), str::to_string));
-    let alive = is_alive(s.pid);
-    println!("run {}: {} (pid {})", s.dir.display(), if alive { "running" } else { "NOT RUNNING" }, s.pid);
-    println!("  phase {}, step {}, policy version {}", field("phase"), field("step"), field("version"));
-    println!("  throughput {} tokens/s, staleness {}", j.get("tokens_per_s").and_then(Value::as_f64).map_or_else(|| "?".to_string(), |x| format!("{x:.1}")), field("staleness"));
-    println!("  updated {}", updated(j.get("updated_at")));
-    if let Some(ps) = j.get("processes").and_then(Value::as_array) {
-        println!("  processes ({}):", ps.len());
-        for p in ps {
-            println!("    {}", process_line(p));
+    let Loaded { dir, status: s } = load(a.run_dir)?;
+    let shown = clean(&dir.display().to_string());
+    let owner = s.whose_pid();
+    let finished = dir.join("summary.json").is_file();
+    let state = match &owner {
+        PidOwner::Job => "running".to_string(),
+        PidOwner::Gone if finished => "finished".to_string(),
+        PidOwner::Gone => "NOT RUNNING".to_string(),
+        PidOwner::Other(why) => format!("NOT RUNNING ({})", clean(why)),
+    };
+    println!("run {shown}: {state} (pid {})", s.pid);
+    println!("  phase {}, step {}, policy version {}", clean(&s.phase), s.step, s.version);
+    let throughput = s.tokens_per_s.filter(|x| x.is_finite()).map_or_else(|| "?".to_string(), |x| format!("{x:.1}"));
+    println!("  throughput {throughput} tokens/s, staleness {}", s.staleness_max.map_or_else(|| "?".to_string(), |x| x.to_string()));
+    println!("  updated {}", updated(s.updated_at));
+    if let Some(addr) = &s.metrics_addr {
+        println!("  metrics http://{}/metrics", clean(addr));
+    }
+    println!("  processes ({}):", s.processes.len());
+    for p in &s.processes {
+        println!("    {}  pid={}  host={}  roles={}", clean(&p.name), p.pid, clean(&p.host), clean(&p.roles.join(",")));
+    }
+    match owner {
+        PidOwner::Job => Ok(()),
+        PidOwner::Gone if finished => {
+            println!("  it finished: summary.json holds its held-out figures (`launcher report {shown}`)");
+            Ok(())
         }
+        _ => Err(anyhow::anyhow!("run {shown} is not running: pid {} is gone; {}", s.pid, what_next(&dir, &s)).into()),
     }
-    if alive {
-        return Ok(());
+}
+
+/// What can be done with a run that stopped before its end.
+fn what_next(dir: &Path, s: &RunStatus) -> String {
+    let shown = clean(&dir.display().to_string());
+    if rlmesh_actors::learner::list_checkpoints(&dir.join("checkpoints")).is_empty() {
+        format!(
+            "it stopped in the {} phase before its first checkpoint, so there is nothing to resume: start it again with `launcher up DEPLOY.toml --recipe RECIPE --run-dir {shown}` (the old directory is set aside as {shown}.prev-<secs>)",
+            clean(&s.phase)
+        )
+    } else {
+        format!("no summary.json, so it stopped early: continue it from its newest checkpoint with `launcher up DEPLOY.toml --recipe RECIPE --run-dir {shown} --resume`")
     }
-    let finished = if s.dir.join("summary.json").exists() { "; summary.json is there, so it finished" } else { "; no summary.json, so it stopped early (resume with launcher up --resume)" };
-    Err(anyhow::anyhow!("run {} is not running: pid {} is gone{finished}", s.dir.display(), s.pid).into())
 }
 
 /// `launcher down`.
 pub fn down(a: RunDirArgs) -> CliResult {
-    let s = load(a.run_dir)?;
-    if !is_alive(s.pid) {
-        println!("run {} is not running (pid {} is gone); nothing to stop", s.dir.display(), s.pid);
-        return Ok(());
+    let Loaded { dir, status: s } = load(a.run_dir)?;
+    let shown = clean(&dir.display().to_string());
+    let pid = s.pid;
+    let refuse = |why: String| Err(CliError::usage(anyhow::anyhow!("run {shown}: not signalling pid {pid}: {why}")));
+    match s.whose_pid() {
+        PidOwner::Gone => {
+            println!("run {shown} is not running (pid {pid} is gone); nothing to stop");
+            return Ok(());
+        }
+        PidOwner::Other(why) => return refuse(clean(&why)),
+        PidOwner::Job => {}
     }
-    let sent = Command::new("kill").args(["-TERM", &s.pid.to_string()]).stderr(Stdio::null()).status().usage("running kill")?;
-    if !sent.success() && is_alive(s.pid) {
-        return Err(anyhow::anyhow!("cannot send SIGTERM to pid {} (run {}): permission denied?", s.pid, s.dir.display()).into());
+    match RunDirLock::holder(&dir).usage(format!("run {shown}"))? {
+        Some(holder) if holder == pid => {}
+        Some(holder) => return refuse(format!("{LOCK_FILE} is held by pid {holder}, so pid {pid} is not this run's job")),
+        None => return refuse(format!("nobody holds {shown}/{LOCK_FILE}, so pid {pid} is not this run's job")),
     }
-    println!("sent SIGTERM to pid {} (run {}); waiting up to {} s for it to checkpoint and exit", s.pid, s.dir.display(), DOWN_WAIT.as_secs());
+    let start = s.start_time;
+    let alive = || live_start_time(pid).is_some() && live_start_time(pid) == start;
+    // SAFETY: kill(2) with a pid checked above to be 2..=pid_max and the run's own process.
+    let rc = unsafe { libc::kill(pid as libc::pid_t, libc::SIGTERM) };
+    if rc != 0 && alive() {
+        return Err(anyhow::anyhow!("cannot send SIGTERM to pid {pid} (run {shown}): {}", std::io::Error::last_os_error()).into());
+    }
+    println!("sent SIGTERM to pid {pid} (run {shown}); waiting up to {} s for it to checkpoint and exit", DOWN_WAIT.as_secs());
     let t0 = Instant::now();
     while t0.elapsed() < DOWN_WAIT {
-        if !is_alive(s.pid) {
+        if !alive() {
             println!("stopped after {:.1} s", t0.elapsed().as_secs_f64());
             return Ok(());
         }
         std::thread::sleep(Duration::from_millis(100));
     }
-    Err(anyhow::anyhow!("pid {} (run {}) is still running {} s after SIGTERM; `launcher status --run-dir {}` shows its phase, `kill -KILL {}` ends it without a checkpoint", s.pid, s.dir.display(), DOWN_WAIT.as_secs(), s.dir.display(), s.pid).into())
+    Err(anyhow::anyhow!("pid {pid} (run {shown}) is still running {} s after SIGTERM; `launcher status --run-dir {shown}` shows its phase, `kill -KILL {pid}` ends it without a checkpoint", DOWN_WAIT.as_secs()).into())
 }
 
 /// Reads `status.json` of `dir`, or of the run under `./runs/` updated last.
-fn load(dir: Option<PathBuf>) -> CliResult<Status> {
+fn load(dir: Option<PathBuf>) -> CliResult<Loaded> {
     let dir = match dir {
         Some(d) => d,
         None => newest_run(Path::new(RUNS))?,
     };
-    let path = dir.join("status.json");
+    let path = dir.join(STATUS_FILE);
+    let shown = clean(&path.display().to_string());
     if !path.exists() {
         let what = if dir.is_dir() { "holds no status.json (no run was started there)" } else { "does not exist" };
-        return Err(anyhow::anyhow!("no run in {}: the directory {what}", dir.display()).into());
+        return Err(CliError::usage(anyhow::anyhow!("no run in {}: the directory {what}", clean(&dir.display().to_string()))));
     }
-    let text = std::fs::read_to_string(&path).usage(format!("{}: cannot read", path.display()))?;
-    let json: Value = serde_json::from_str(&text).usage(format!("{}: not valid JSON", path.display()))?;
-    let pid = json
-        .get("pid")
-        .and_then(Value::as_u64)
-        .and_then(|p| u32::try_from(p).ok())
-        .ok_or_else(|| CliError::usage(anyhow::anyhow!("{}: field \"pid\": expected a process id", path.display())))?;
-    Ok(Status { dir, pid, json })
+    let len = path.metadata().usage(format!("{shown}: cannot read"))?.len();
+    if len > MAX_STATUS_BYTES {
+        return Err(CliError::usage(anyhow::anyhow!("{shown}: {len} bytes, more than a status file's {MAX_STATUS_BYTES}")));
+    }
+    let text = std::fs::read_to_string(&path).usage(format!("{shown}: cannot read"))?;
+    let json: Value = serde_json::from_str(&text).usage(format!("{shown}: not valid JSON"))?;
+    let Value::Object(fields) = &json else { return Err(CliError::usage(anyhow::anyhow!("{shown}: expected a JSON object"))) };
+    let max = pid_max();
+    let pid = fields.get("pid").and_then(Value::as_u64).filter(|p| (2..=u64::from(max)).contains(p));
+    if pid.is_none() {
+        let got = fields.get("pid").map_or_else(|| "nothing".to_string(), |v| clean(&v.to_string()));
+        return Err(CliError::usage(anyhow::anyhow!("{shown}: field \"pid\": expected a process id in 2..={max}, got {got}")));
+    }
+    let status = serde_json::from_value::<RunStatus>(json.clone()).map_err(|e| {
+        // Name the field: the first one that fails on its own.
+        let field = fields.iter().find(|(k, v)| serde_json::from_value::<RunStatus>(Value::Object([((*k).clone(), (*v).clone())].into_iter().collect())).is_err()).map_or("?", |(k, _)| k.as_str());
+        CliError::usage(anyhow::anyhow!("{shown}: field \"{}\": {}", clean(field), clean(&e.to_string())))
+    })?;
+    Ok(Loaded { dir, status })
 }
 
 /// The directory under `runs` whose `status.json` was modified last.
 fn newest_run(runs: &Path) -> CliResult<PathBuf> {
-    let entries = std::fs::read_dir(runs).map_err(|_| anyhow::anyhow!("no run: {} does not exist here (pass --run-dir DIR)", runs.display()))?;
+    let entries = std::fs::read_dir(runs).map_err(|_| CliError::usage(anyhow::anyhow!("no run: {} does not exist here (pass --run-dir DIR)", runs.display())))?;
     entries
         .filter_map(|e| {
             let dir = e.ok()?.path();
-            let modified = dir.join("status.json").metadata().ok()?.modified().ok()?;
+            let modified = dir.join(STATUS_FILE).metadata().ok()?.modified().ok()?;
             Some((modified, dir))
         })
         .max()
         .map(|(_, d)| d)
-        .ok_or_else(|| anyhow::anyhow!("no run: no directory under {} holds a status.json (pass --run-dir DIR)", runs.display()).into())
+        .ok_or_else(|| CliError::usage(anyhow::anyhow!("no run: no directory under {} holds a status.json (pass --run-dir DIR)", runs.display())))
 }
 
-/// Whether `pid` is a live process (`kill -0`), not counting zombies.
-fn is_alive(pid: u32) -> bool {
-    let signalled = Command::new("kill").args(["-0", &pid.to_string()]).stderr(Stdio::null()).status().is_ok_and(|s| s.success());
-    let zombie = std::fs::read_to_string(format!("/proc/{pid}/stat")).is_ok_and(|s| s.rsplit(')').next().is_some_and(|rest| rest.trim_start().starts_with('Z')));
-    signalled && !zombie
-}
-
-/// `updated_at` as an age (unix seconds) or as written.
-fn updated(v: Option<&Value>) -> String {
-    match v {
-        Some(Value::Number(n)) => {
-            let now = SystemTime::now().duration_since(UNIX_EPOCH).map_or(0.0, |d| d.as_secs_f64());
-            format!("{:.0} s ago", (now - n.as_f64().unwrap_or(now)).max(0.0))
-        }
-        Some(Value::String(s)) => format!("at {s}"),
-        _ => "at an unknown time".into(),
+/// `updated_at` (unix seconds) as an age; a value no clock could have written says so.
+fn updated(at: f64) -> String {
+    let now = SystemTime::now().duration_since(UNIX_EPOCH).map_or(0.0, |d| d.as_secs_f64());
+    /// A century: older than any run.
+    const CENTURY: f64 = 100.0 * 365.25 * 86400.0;
+    let age = now - at;
+    if !at.is_finite() || at <= 0.0 || age.abs() > CENTURY {
+        format!("at an implausible time (updated_at = {at:e})")
+    } else if age < -60.0 {
+        format!("{:.0} s in the future (updated_at = {at:e}; are the clocks apart?)", -age)
+    } else {
+        format!("{:.0} s ago", age.max(0.0))
     }
 }
 
-/// One process of `status.json`: its name, then its other fields as `key=value`.
-fn process_line(p: &Value) -> String {
-    match p {
-        Value::Object(m) => {
-            let mut parts: Vec<String> = m.get("name").and_then(Value::as_str).map(str::to_string).into_iter().collect();
-            parts.extend(m.iter().filter(|(k, _)| *k != "name").map(|(k, v)| format!("{k}={}", v.as_str().map_or_else(|| v.to_string(), str::to_string))));
-            parts.join("  ")
+/// Text from a file, safe to print: control characters (ANSI escapes, newlines) escaped, long text cut.
+fn clean(s: &str) -> String {
+    let mut out = String::new();
+    for (i, c) in s.chars().enumerate() {
+        if i == MAX_SHOWN {
+            out.push('…');
+            break;
         }
-        Value::String(s) => s.clone(),
-        other => other.to_string(),
+        if c.is_control() {
+            out.extend(c.escape_default());
+        } else {
+            out.push(c);
+        }
     }
+    out
 }

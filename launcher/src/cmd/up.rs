@@ -1,12 +1,18 @@
 //! `launcher up`: start a run on a topology.
+//!
+//! Every check runs before anything is created, and `--dry-run` runs the same
+//! checks: the topology is one this build can start, the recipe's model exists,
+//! no live run owns the run directory, a resume has something to resume, and the
+//! metrics address is free. A refusal exits 2 and leaves every file as it was.
 use crate::cmd::bench::models_dir;
 use crate::error::{CliError, CliResult, UsageContext};
 use clap::Args;
-use rlmesh_actors::controller::plan::plan;
+use rlmesh_actors::controller::plan::{plan, Plan};
 use rlmesh_actors::controller::recipe::Recipe;
-use rlmesh_actors::controller::run::{run, RunOptions};
-use rlmesh_actors::controller::topology::{Role, Topology};
-use std::path::PathBuf;
+use rlmesh_actors::controller::run::{check_resumable, run, RunError, RunOptions};
+use rlmesh_actors::controller::run_dir::RunDirLock;
+use rlmesh_actors::controller::topology::{Device, Role, Topology};
+use std::path::{Path, PathBuf};
 
 /// Arguments of `launcher up`.
 #[derive(Args)]
@@ -47,24 +53,18 @@ pub fn up(a: UpArgs) -> CliResult {
     let topology = Topology::load(&a.deploy).map_err(CliError::usage)?;
     let recipe = Recipe::load(&a.recipe).map_err(CliError::usage)?;
     let placement = plan(&topology);
+    let run_dir = a.run_dir.clone().unwrap_or_else(|| PathBuf::from("runs").join(&recipe.name));
+    let metrics_addr = a.metrics_addr.clone().unwrap_or_else(|| format!("127.0.0.1:{}", topology.ports.metrics));
+    check_startable(&a.deploy, &topology, &placement)?;
+    check_model(&a.recipe, &recipe)?;
+    check_run_dir(&run_dir, &recipe, a.resume)?;
+    std::net::TcpListener::bind(&metrics_addr).usage(format!("/metrics on {metrics_addr} (--metrics-addr, or {}: ports.metrics)", a.deploy.display()))?;
     if a.dry_run {
         println!("{}", placement.table());
         println!("{}", serde_json::to_string_pretty(&recipe)?);
         return Ok(());
     }
-    let gpus: usize = placement.processes.iter().flat_map(|p| &p.actors).filter(|a| matches!(a.device, rlmesh_actors::controller::topology::Device::Gpu(_))).count();
-    if placement.processes.len() > 1 || gpus > 0 {
-        return Err(CliError::usage(anyhow::anyhow!(
-            "{}: {} processes, {} GPU actors — this build starts single-process CPU topologies only (see `launcher plan {}`)",
-            a.deploy.display(),
-            placement.processes.len(),
-            gpus,
-            a.deploy.display()
-        )));
-    }
     let rollout_actors = placement.processes.iter().flat_map(|p| &p.actors).filter(|a| a.role == Role::Rollout).count();
-    let run_dir = a.run_dir.unwrap_or_else(|| PathBuf::from("runs").join(&recipe.name));
-    let metrics_addr = a.metrics_addr.unwrap_or_else(|| format!("127.0.0.1:{}", topology.ports.metrics));
     let opts = RunOptions {
         run_dir,
         recipe,
@@ -79,7 +79,67 @@ pub fn up(a: UpArgs) -> CliResult {
         resume: a.resume,
     };
     let rt = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build().usage("starting the runtime")?;
-    let summary = rt.block_on(run(opts))?;
+    let summary = rt.block_on(run(opts)).map_err(|e| match e {
+        RunError::Refused(_) => CliError::usage(e),
+        e => CliError::from(e),
+    })?;
     println!("{}", serde_json::to_string_pretty(&summary)?);
+    Ok(())
+}
+
+/// This build starts single-process CPU topologies only; the error names the
+/// first placement that puts an actor on a GPU or outside the controller's process.
+fn check_startable(deploy: &Path, topology: &Topology, placement: &Plan) -> CliResult {
+    let gpus = placement.processes.iter().flat_map(|p| &p.actors).filter(|a| matches!(a.device, Device::Gpu(_))).count();
+    if placement.processes.len() <= 1 && gpus == 0 {
+        return Ok(());
+    }
+    let slots = topology.actors();
+    let controller = slots.iter().find(|s| s.role == Role::Controller);
+    let elsewhere = |s: &&rlmesh_actors::controller::topology::ActorSlot| {
+        controller.is_none_or(|c| s.role != Role::Controller && (s.process.is_none() || s.process != c.process || s.node != c.node))
+    };
+    let field = slots
+        .iter()
+        .find(|s| matches!(s.device, Device::Gpu(_)))
+        .or_else(|| slots.iter().find(elsewhere))
+        .map_or_else(|| "processes".to_string(), |s| s.field.clone());
+    Err(CliError::usage(anyhow::anyhow!(
+        "{}: field \"{field}\": {} processes, {} GPU actors — this build starts single-process CPU topologies only (see `launcher plan {}`)",
+        deploy.display(),
+        placement.processes.len(),
+        gpus,
+        deploy.display()
+    )))
+}
+
+/// A recipe's `model.path` other than `"tiny"` is a transformers directory that exists.
+fn check_model(file: &Path, recipe: &Recipe) -> CliResult {
+    if recipe.tiny_model() {
+        return Ok(());
+    }
+    let dir = Path::new(&recipe.model.path);
+    let why = if !dir.is_dir() {
+        "does not exist (or is not a directory)"
+    } else if !dir.join("config.json").is_file() {
+        "holds no config.json (not a transformers model directory)"
+    } else {
+        return Ok(());
+    };
+    Err(CliError::usage(anyhow::anyhow!("{}: field \"model.path\": {} {why}; give an HF model directory or \"tiny\"", file.display(), dir.display())))
+}
+
+/// No live run owns `dir`, and a resume has something to resume.
+fn check_run_dir(dir: &Path, recipe: &Recipe, resume: bool) -> CliResult {
+    if let Some(pid) = RunDirLock::holder(dir).usage(format!("--run-dir {}", dir.display()))? {
+        return Err(CliError::usage(anyhow::anyhow!(
+            "--run-dir {}: a live run owns this directory (pid {pid}); stop it first (`launcher down --run-dir {}`) or pick another --run-dir",
+            dir.display(),
+            dir.display()
+        )));
+    }
+    if resume {
+        check_resumable(dir, recipe).map_err(CliError::usage)?;
+    }
     Ok(())
 }
