@@ -487,6 +487,11 @@ impl ProcessSpec {
 /// process started there (same start time, same boot). Exit 0: signalled;
 /// 3: gone or another process; other: `kill` failed.
 pub fn remote_signal_script(pid: u32, start_time: &str, boot_id: &str, signal: Signal) -> String {
+    remote_kill_script(pid, start_time, boot_id, signal.name())
+}
+
+/// [`remote_signal_script`] with `kill -<sig>`'s argument (`0`: only check).
+fn remote_kill_script(pid: u32, start_time: &str, boot_id: &str, sig: &str) -> String {
     format!(
         concat!(
             "p={pid}; want={st}; wantb={b}\n",
@@ -499,7 +504,7 @@ pub fn remote_signal_script(pid: u32, start_time: &str, boot_id: &str, signal: S
         pid = pid,
         st = sh_quote(start_time),
         b = sh_quote(boot_id),
-        sig = signal.name(),
+        sig = sig,
     )
 }
 
@@ -706,6 +711,7 @@ impl Launcher {
             boot_id: String::new(),
             child: Some(child),
             exit: None,
+            signalled: false,
             on_drop: self.on_drop,
             io_threads: Vec::new(),
         })
@@ -796,6 +802,7 @@ impl Launcher {
                     boot_id,
                     child: Some(child),
                     exit: None,
+                    signalled: false,
                     on_drop: self.on_drop,
                     io_threads: vec![t_out, t_err],
                 })
@@ -893,6 +900,8 @@ pub struct Process {
     /// The local child, or the local ssh client of a remote process.
     child: Option<Child>,
     exit: Option<Exit>,
+    /// A signal was sent through this handle (so an [`Exit::Lost`] is that signal).
+    signalled: bool,
     on_drop: OnDrop,
     io_threads: Vec<JoinHandle<()>>,
 }
@@ -993,9 +1002,14 @@ impl Process {
             pid: p.pid,
             command: p.command.clone(),
         };
-        if self.try_wait()?.is_some() {
-            return Err(not_running(self));
+        match self.try_wait()? {
+            None => {}
+            // The ssh client ended with 255: the process may outlive a lost
+            // connection, and the remote check below keeps the signal safe.
+            Some(Exit::Lost) if !self.host.is_local() => {}
+            Some(_) => return Err(not_running(self)),
         }
+        self.signalled = true;
         match &self.host {
             Host::Local => {
                 // Not reaped yet (try_wait said running), so the pid is still our child's.
@@ -1014,17 +1028,7 @@ impl Process {
                 }
             }
             Host::Ssh { .. } => {
-                if self.start_time == "-" {
-                    return Err(LaunchError::Signal {
-                        host: self.host.name().into(),
-                        pid: self.pid,
-                        command: self.command.clone(),
-                        signal: sig.name(),
-                        reason: "the host has no /proc, so the pid cannot be checked".into(),
-                    });
-                }
-                let script = remote_signal_script(self.pid, &self.start_time, &self.boot_id, sig);
-                let out = Launcher::new(self.host.clone()).run_script(&script)?;
+                let out = self.remote_kill(sig.name())?;
                 match out.status.code() {
                     Some(0) => Ok(()),
                     Some(3) => Err(not_running(self)),
@@ -1044,10 +1048,57 @@ impl Process {
         }
     }
 
+    /// Run the checked `kill -<arg>` on the remote host.
+    fn remote_kill(&self, arg: &'static str) -> Result<std::process::Output> {
+        if self.start_time == "-" {
+            return Err(LaunchError::Signal {
+                host: self.host.name().into(),
+                pid: self.pid,
+                command: self.command.clone(),
+                signal: arg,
+                reason: "the host has no /proc, so the pid cannot be checked".into(),
+            });
+        }
+        Launcher::new(self.host.clone()).run_script(&remote_kill_script(self.pid, &self.start_time, &self.boot_id, arg))
+    }
+
+    /// Is it still running? Locally: not yet exited. Remotely: while its ssh
+    /// client runs, yes; after an [`Exit::Lost`], the host is asked (same
+    /// pid, same start time), since a lost connection does not end it.
+    pub fn is_running(&mut self) -> Result<bool> {
+        match self.try_wait()? {
+            None => Ok(true),
+            Some(Exit::Lost) if !self.host.is_local() => Ok(self.remote_kill("0")?.status.code() == Some(0)),
+            Some(_) => Ok(false),
+        }
+    }
+
+    /// Stop a remote process whose ssh client already ended (connection lost).
+    fn stop_detached(&mut self, grace: Duration) -> Result<Exit> {
+        for (sig, wait) in [(Signal::Term, grace), (Signal::Kill, Duration::from_secs(5))] {
+            match self.signal(sig) {
+                Ok(()) => {}
+                Err(LaunchError::NotRunning { .. }) => return Ok(Exit::Lost),
+                Err(e) => return Err(e),
+            }
+            let deadline = Instant::now() + wait;
+            while Instant::now() < deadline {
+                if !self.is_running()? {
+                    return Ok(Exit::Lost);
+                }
+                thread::sleep(Duration::from_millis(100));
+            }
+        }
+        Ok(Exit::Lost)
+    }
+
     /// Stop it: `TERM`, wait up to `grace`, then `KILL`; then wait for it.
+    /// A remote process whose connection was lost is signalled through a new one.
     pub fn stop(&mut self, grace: Duration) -> Result<Exit> {
-        if let Some(e) = self.try_wait()? {
-            return Ok(e);
+        match self.try_wait()? {
+            None => {}
+            Some(Exit::Lost) if !self.host.is_local() => return self.stop_detached(grace),
+            Some(e) => return Ok(e),
         }
         match self.signal(Signal::Term) {
             Ok(()) | Err(LaunchError::NotRunning { .. }) => {}
@@ -1088,8 +1139,11 @@ impl Process {
 
 impl Drop for Process {
     fn drop(&mut self) {
-        if self.exit.is_some() {
-            return;
+        match self.exit {
+            None => {}
+            // Not our own signal: perhaps a lost connection with the process still there.
+            Some(Exit::Lost) if !self.signalled && !self.host.is_local() => {}
+            Some(_) => return,
         }
         match self.on_drop {
             OnDrop::Leave => {}
@@ -1106,8 +1160,9 @@ impl Drop for Process {
 }
 
 /// Copy the local file `local` to `remote` on the host through ssh's stdin
-/// (written to a temporary name, then renamed, mode 0755). On [`Host::Local`]
-/// the file is copied unless both paths are the same file.
+/// (written to a temporary name, then renamed, mode 0755; missing directories
+/// are made). On [`Host::Local`] the file is copied unless both paths are the
+/// same file. Use it when hosts do not share the install path.
 pub fn ship(host: &Host, local: &Path, remote: &Path) -> Result<()> {
     let command = format!("ship {} to {}", local.display(), remote.display());
     let io_err = |e: io::Error| LaunchError::Spawn { host: host.name().into(), command: command.clone(), source: e };
@@ -1119,7 +1174,12 @@ pub fn ship(host: &Host, local: &Path, remote: &Path) -> Result<()> {
             };
             if !same {
                 let tmp = remote.with_extension("rlmesh-tmp");
+                if let Some(d) = remote.parent() {
+                    std::fs::create_dir_all(d).map_err(io_err)?;
+                }
                 std::fs::copy(local, &tmp).map_err(io_err)?;
+                use std::os::unix::fs::PermissionsExt;
+                std::fs::set_permissions(&tmp, std::fs::Permissions::from_mode(0o755)).map_err(io_err)?;
                 std::fs::rename(&tmp, remote).map_err(io_err)?;
             }
             Ok(())
