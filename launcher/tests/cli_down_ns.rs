@@ -38,21 +38,31 @@ echo "case bystander-at-the-end rc=0 alive=$(alive "$V")"
 kill "$V"
 "#;
 
-#[test]
-fn down_signals_only_the_job_that_owns_the_run() {
-    let dir = tempfile::tempdir().unwrap();
+/// Runs `script` as pid 1 of a new pid namespace with `args`; `None` (after printing
+/// SKIPPED and why) where this machine does not permit one.
+fn in_pid_namespace(script: &str, args: &[&str]) -> Option<String> {
     let probe = Command::new("unshare").args(["--pid", "--fork", "--mount-proc", "true"]).output();
     match probe {
         Ok(o) if o.status.success() => {}
-        Ok(o) => return println!("SKIPPED: unshare --pid --fork --mount-proc is not permitted here: {}", String::from_utf8_lossy(&o.stderr).trim()),
-        Err(e) => return println!("SKIPPED: unshare is not available: {e}"),
+        Ok(o) => {
+            println!("SKIPPED: unshare --pid --fork --mount-proc is not permitted here: {}", String::from_utf8_lossy(&o.stderr).trim());
+            return None;
+        }
+        Err(e) => {
+            println!("SKIPPED: unshare is not available: {e}");
+            return None;
+        }
     }
-    let o = Command::new("unshare")
-        .args(["--pid", "--fork", "--mount-proc", "sh", "-c", SCRIPT, "down-ns", env!("CARGO_BIN_EXE_launcher"), dir.path().to_str().unwrap()])
-        .output()
-        .unwrap();
+    let o = Command::new("unshare").args(["--pid", "--fork", "--mount-proc", "sh", "-c", script, "down-ns"]).args(args).output().unwrap();
     let out = stdout(&o);
     assert!(o.status.success(), "{out}\n{}", stderr(&o));
+    Some(out)
+}
+
+#[test]
+fn down_signals_only_the_job_that_owns_the_run() {
+    let dir = tempfile::tempdir().unwrap();
+    let Some(out) = in_pid_namespace(SCRIPT, &[env!("CARGO_BIN_EXE_launcher"), dir.path().to_str().unwrap()]) else { return };
     let case = |name: &str| -> &str {
         let head = format!("case {name} ");
         out.lines().find_map(|l| l.strip_prefix(head.as_str())).unwrap_or_else(|| panic!("no case {name}:\n{out}"))
@@ -70,4 +80,29 @@ fn down_signals_only_the_job_that_owns_the_run() {
     assert!(out.contains("is another process now") && out.contains("records no start time"), "{out}");
     assert!(out.contains("nobody holds") && out.contains(".lock is held by pid"), "{out}");
     assert!(out.contains("sent SIGTERM to pid") && out.contains("stopped after"), "{out}");
+}
+
+/// A real job (`launcher up`, in the namespace), stopped by `launcher down` once it trains.
+const JOB: &str = r#"
+L="$1"; D="$2"; cd "$3"
+"$L" up deploy/local.toml --recipe "$4" --run-dir "$D" --metrics-addr 127.0.0.1:0 --eval-limit 2 >"$D.log" 2>&1 & J=$!
+i=0
+until grep -q '"phase":"rl"' "$D/status.json" 2>/dev/null; do
+  sleep 0.1; i=$((i+1)); if [ $i -gt 3000 ]; then echo "case never-trained"; cat "$D.log"; kill $J; exit 0; fi
+done
+"$L" down --run-dir "$D"; echo "case down rc=$?"
+wait $J; echo "case job rc=$?"
+"#;
+
+#[test]
+fn down_stops_a_real_job() {
+    let dir = tempfile::tempdir().unwrap();
+    let recipe = dir.path().join("long.toml");
+    std::fs::write(&recipe, "reward = \"process\"\n[model]\nhidden = 32\nlayers = 1\n[tasks]\nsize = 64\nheld_out = 100\n[sft]\nsteps = 2\nbatch_size = 4\ntasks = 256\n[rl]\nsteps = 100000\ngroup_size = 2\ngroups_per_step = 2\nmax_turns = 2\nmax_new_tokens = 16\n").unwrap();
+    let run = dir.path().join("run");
+    let root = repo();
+    let args = [env!("CARGO_BIN_EXE_launcher"), run.to_str().unwrap(), root.to_str().unwrap(), recipe.to_str().unwrap()];
+    let Some(out) = in_pid_namespace(JOB, &args) else { return };
+    assert!(out.contains("case down rc=0") && out.contains("sent SIGTERM to pid") && out.contains("stopped after"), "{out}");
+    assert!(out.contains("case job rc=143"), "ended by SIGTERM: {out}");
 }

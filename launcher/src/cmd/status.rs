@@ -94,7 +94,7 @@ pub fn down(a: RunDirArgs) -> CliResult {
             println!("run {shown} is not running (pid {pid} is gone); nothing to stop");
             return Ok(());
         }
-        PidOwner::Other(why) => return refuse(clean(&why)),
+        PidOwner::Other(why) => return refuse(format!("{}; if you know it is the job, `kill {pid}` stops it", clean(&why))),
         PidOwner::Job => {}
     }
     match RunDirLock::holder(&dir).usage(format!("run {shown}"))? {
