@@ -251,7 +251,6 @@ impl TestHosts {
             Ok(h) => Some(h),
             Err(TestHostsError::Unavailable(why)) => {
                 println!("SKIPPED: {why}");
-                eprintln!("SKIPPED: {why}");
                 None
             }
             Err(e) => panic!("{e}"),

@@ -286,3 +286,45 @@ fn ship_a_program_then_run_it() {
     rlmesh_mesh::launch::ship(&Host::Local, &src, &dest2).unwrap();
     assert_eq!(std::fs::read(&dest2).unwrap(), std::fs::read(&src).unwrap());
 }
+
+/// Run by `leftovers_of_a_killed_run_are_removed` in a child process: make
+/// hosts, say their names, then wait to be killed (so Drop never runs).
+#[test]
+fn helper_make_hosts_and_wait_to_be_killed() {
+    if std::env::var_os("RLMESH_TESTHOSTS_HELPER").is_none() {
+        return;
+    }
+    let hosts = TestHosts::start(2).unwrap();
+    println!("HOSTS {} {} {} {}", hosts.namespace(0), hosts.namespace(1), hosts.bridge(), hosts.sshd_pid(0).unwrap());
+    std::thread::sleep(Duration::from_secs(60));
+}
+
+#[test]
+fn leftovers_of_a_killed_run_are_removed() {
+    if let Err(e) = TestHosts::available() {
+        println!("SKIPPED: {e}");
+        return;
+    }
+    use std::io::BufRead;
+    let mut child = Command::new(std::env::current_exe().unwrap())
+        .args(["--exact", "helper_make_hosts_and_wait_to_be_killed", "--nocapture", "--test-threads=1"])
+        .env("RLMESH_TESTHOSTS_HELPER", "1")
+        .stdout(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut lines = std::io::BufReader::new(child.stdout.take().unwrap()).lines();
+    let line = lines.find_map(|l| l.ok().filter(|l| l.contains("HOSTS "))).expect("helper gave no hosts");
+    let w: Vec<&str> = line[line.find("HOSTS ").unwrap() + 6..].split_whitespace().collect();
+    let (ns0, ns1, bridge, sshd): (&str, &str, &str, u32) = (w[0], w[1], w[2], w[3].parse().unwrap());
+    child.kill().unwrap();
+    child.wait().unwrap();
+    assert!(ip_output(&["netns", "list"]).contains(ns0), "the killed run left nothing to clean");
+    assert!(alive(sshd));
+    // The next fixture removes what the dead one left.
+    let hosts = TestHosts::start(1).unwrap();
+    let netns = ip_output(&["netns", "list"]);
+    assert!(!netns.contains(ns0) && !netns.contains(ns1), "{netns}");
+    assert!(!ip_output(&["-o", "link", "show"]).contains(&format!(" {bridge}:")));
+    assert!(!alive(sshd), "the dead run's sshd still runs");
+    drop(hosts);
+}
