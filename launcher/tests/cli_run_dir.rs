@@ -76,13 +76,18 @@ fn up_checks_everything_before_it_creates_anything() {
         assert_eq!(o.status.code(), Some(2), "dry {dry}: {}", err(&o));
         assert!(err(&o).contains("deploy/dev-2gpu.toml: field \"rollout.placement[0]\"") && err(&o).contains("single-process CPU topologies only"), "{}", err(&o));
     }
-    // A model directory that does not exist.
+    // A model directory that does not exist, or holds no tokenizer.
+    let half = tmp.path().join("half-model");
+    std::fs::create_dir_all(&half).unwrap();
+    std::fs::write(half.join("config.json"), "{}").unwrap();
     let missing = tmp.path().join("missing.toml");
-    std::fs::write(&missing, std::fs::read_to_string(&tiny).unwrap().replace("[model]\n", "[model]\npath = \"/nonexistent/model\"\n")).unwrap();
-    for extra in [&["--dry-run"][..], &[]] {
-        let o = up(missing.to_str().unwrap(), &run, extra).output().unwrap();
-        assert_eq!(o.status.code(), Some(2), "{extra:?}: {}", err(&o));
-        assert!(err(&o).contains("missing.toml: field \"model.path\": /nonexistent/model does not exist"), "{}", err(&o));
+    for (path, says) in [("/nonexistent/model", "/nonexistent/model does not exist"), (half.to_str().unwrap(), "half-model holds no tokenizer.json")] {
+        std::fs::write(&missing, std::fs::read_to_string(&tiny).unwrap().replace("[model]\n", &format!("[model]\npath = \"{path}\"\n"))).unwrap();
+        for extra in [&["--dry-run"][..], &[]] {
+            let o = up(missing.to_str().unwrap(), &run, extra).output().unwrap();
+            assert_eq!(o.status.code(), Some(2), "{extra:?}: {}", err(&o));
+            assert!(err(&o).contains("missing.toml: field \"model.path\": ") && err(&o).contains(says), "{}", err(&o));
+        }
     }
     // A metrics port in use.
     let busy = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
@@ -101,7 +106,7 @@ fn up_checks_everything_before_it_creates_anything() {
     assert_eq!(o.status.code(), Some(2), "{}", err(&o));
     assert!(err(&o).contains("no checkpoint to resume from"), "{}", err(&o));
     assert!(!run.exists(), "a refused up created the run directory");
-    assert_eq!(std::fs::read_dir(tmp.path()).unwrap().count(), 2, "only the two recipes");
+    assert_eq!(std::fs::read_dir(tmp.path()).unwrap().count(), 3, "only the two recipes and the model directory");
 }
 
 #[test]

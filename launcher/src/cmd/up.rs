@@ -113,7 +113,7 @@ fn check_startable(deploy: &Path, topology: &Topology, placement: &Plan) -> CliR
     )))
 }
 
-/// A recipe's `model.path` other than `"tiny"` is a transformers directory that exists.
+/// A recipe's `model.path` other than `"tiny"` is a transformers directory with a tokenizer.
 fn check_model(file: &Path, recipe: &Recipe) -> CliResult {
     if recipe.tiny_model() {
         return Ok(());
@@ -123,6 +123,8 @@ fn check_model(file: &Path, recipe: &Recipe) -> CliResult {
         "does not exist (or is not a directory)"
     } else if !dir.join("config.json").is_file() {
         "holds no config.json (not a transformers model directory)"
+    } else if !dir.join("tokenizer.json").is_file() {
+        "holds no tokenizer.json"
     } else {
         return Ok(());
     };
