@@ -1,6 +1,6 @@
 //! The placement of a topology: every process, its host, actors, ports and environment.
 //!
-//! [`plan`] is a pure function of a validated [`Topology`]; `launcher plan`
+//! [`plan`] is a pure function of a validated [`Topology`], linear in its actors; `launcher plan`
 //! prints its [`Plan::table`] or its JSON, and `launcher up` starts one
 //! `launcher node` per [`Process`] with its [`Process::env`].
 //!
@@ -16,7 +16,7 @@
 //! the `ports.master` port), `RLMESH_DIST_BACKEND` (`nccl` or `cpu`).
 use super::topology::{process_keys, process_name, Device, Role, Topology};
 use serde::{Deserialize, Serialize};
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, HashMap};
 use std::fmt::{self, Write};
 
 /// Where everything of a run goes.
@@ -118,7 +118,8 @@ pub struct Actor {
 /// Places every actor of a validated topology into processes with ports and environment.
 pub fn plan(topology: &Topology) -> Plan {
     let slots = topology.actors();
-    let host_of = |node: &str| topology.node(node).map_or_else(|| node.to_string(), |n| n.host.clone());
+    let index = topology.node_index();
+    let host_of = |node: &str| index.get(node).map_or_else(|| node.to_string(), |n| n.host.clone());
     let mut next_on_host: BTreeMap<String, u16> = BTreeMap::new();
     let mut processes: Vec<Process> = process_keys(&slots)
         .into_iter()
@@ -130,10 +131,10 @@ pub fn plan(topology: &Topology) -> Plan {
             Process { name: format!("{node}/{name}"), node: node.to_string(), host, ports, actors: Vec::new(), env: BTreeMap::new() }
         })
         .collect();
+    let by_name: HashMap<String, usize> = processes.iter().enumerate().map(|(i, p)| (p.name.clone(), i)).collect();
     for s in &slots {
-        let name = format!("{}/{}", s.node, process_name(s));
-        let p = processes.iter_mut().find(|p| p.name == name).expect("every slot has a process");
-        p.actors.push(Actor { role: s.role, rank: s.rank, device: s.device });
+        let i = by_name[&format!("{}/{}", s.node, process_name(s))];
+        processes[i].actors.push(Actor { role: s.role, rank: s.rank, device: s.device });
     }
 
     let learners: Vec<_> = slots.iter().filter(|s| s.role == Role::Learner).collect();

@@ -32,6 +32,7 @@
 //! mode = "one_step_off"         # "sync" | "one_step_off" | "async" (+ max_staleness)
 //! ```
 //!
+//! Sizes have upper bounds, each with its reason ([`bounds`]).
 //! Every field but `reward` and `tasks.size` has a default (`name`: the file's stem) (see each
 //! field). Unknown fields are errors; [`Recipe::load`] names the file, line
 //! and field of any problem.
@@ -43,6 +44,35 @@ use rlmesh_core::tools::{calculator, inventory, registry};
 use rlmesh_core::Task;
 use serde::{Deserialize, Serialize};
 use std::path::Path;
+
+/// Upper bounds of the recipe's sizes, each with the reason it holds; a
+/// larger value is refused naming its field, the bound and the reason.
+pub mod bounds {
+    /// `model.vocab_size` ≤ 2^20: past the largest LLM vocabularies (256k); the task tokenizer learns every merge.
+    pub const VOCAB_SIZE: usize = 1 << 20;
+    /// `model.hidden` ≤ 16384: the width of the largest open models (Llama 3.1 405B); the tiny model is created in memory.
+    pub const HIDDEN: i64 = 16384;
+    /// `model.layers` ≤ 256: past the deepest open models (126 layers).
+    pub const LAYERS: i64 = 256;
+    /// `model.heads` (and `kv_heads`) ≤ 1024: past any published model (128).
+    pub const HEADS: i64 = 1024;
+    /// `tasks.size`, `tasks.held_out`, `sft.tasks` ≤ 10^7: tasks are generated and held in memory (about 1 KiB each).
+    pub const TASKS: usize = 10_000_000;
+    /// `rl.group_size` ≤ 1024: a group's rollouts are generated as one batch and scored together (papers use 4–64).
+    pub const GROUP_SIZE: usize = 1024;
+    /// `rl.groups_per_step` ≤ 4096: a step's groups are held in memory until the learner takes them.
+    pub const GROUPS_PER_STEP: usize = 4096;
+    /// `rl.max_turns` ≤ 1024: each turn is a generation call and a tool call; tool-use benchmarks need under 50.
+    pub const MAX_TURNS: usize = 1024;
+    /// `rl.max_new_tokens` ≤ 131072: a turn cannot outgrow the longest context of the models rlmesh loads (128k).
+    pub const MAX_NEW_TOKENS: usize = 131_072;
+    /// `sft.batch_size` and `sft.micro_batch_size` ≤ 65536: a step's conversations are packed in memory together.
+    pub const SFT_BATCH: usize = 65_536;
+    /// `rl.max_staleness` ≤ 1024: the controller keeps every policy version a buffered group may come from.
+    pub const MAX_STALENESS: u64 = 1024;
+    /// `rl.steps` and `sft.steps` ≤ 10^9: past a year of 30 ms steps; step counters and ETAs stay exact.
+    pub const STEPS: u64 = 1_000_000_000;
+}
 
 /// What a run trains.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
@@ -508,6 +538,11 @@ impl Recipe {
         at_least("model.hidden", m.hidden as f64, 16.0)?;
         at_least("model.heads", m.heads as f64, 1.0)?;
         at_least("model.kv_heads", m.kv_heads as f64, 1.0)?;
+        at_most("model.vocab_size", m.vocab_size as f64, bounds::VOCAB_SIZE as f64, "past the largest LLM vocabularies")?;
+        at_most("model.hidden", m.hidden as f64, bounds::HIDDEN as f64, "the width of the largest open models")?;
+        at_most("model.layers", m.layers as f64, bounds::LAYERS as f64, "past the deepest open models")?;
+        at_most("model.heads", m.heads as f64, bounds::HEADS as f64, "past any published model")?;
+        at_most("model.kv_heads", m.kv_heads as f64, bounds::HEADS as f64, "past any published model")?;
         if m.hidden % (2 * m.heads) != 0 {
             return Err(Invalid::new("model.hidden", format!("must split into {} heads of even width (a multiple of {}), got {}", m.heads, 2 * m.heads, m.hidden)));
         }
@@ -517,6 +552,9 @@ impl Recipe {
         let t = &self.tasks;
         at_least("tasks.size", t.size as f64, 1.0)?;
         at_least("tasks.held_out", t.held_out as f64, 100.0)?;
+        let held = "tasks are generated and held in memory";
+        at_most("tasks.size", t.size as f64, bounds::TASKS as f64, held)?;
+        at_most("tasks.held_out", t.held_out as f64, bounds::TASKS as f64, held)?;
         unit("tasks.tool_fraction", t.tool_fraction)?;
         unit("tasks.multi_step_fraction", t.multi_step_fraction)?;
         self.validate_estimator()?;
@@ -525,6 +563,11 @@ impl Recipe {
         at_least("sft.batch_size", s.batch_size as f64, 1.0)?;
         at_least("sft.micro_batch_size", s.micro_batch_size as f64, 1.0)?;
         at_least("sft.tasks", s.tasks as f64, 1.0)?;
+        at_most("sft.tasks", s.tasks as f64, bounds::TASKS as f64, held)?;
+        let packed = "a step's conversations are packed in memory together";
+        at_most("sft.batch_size", s.batch_size as f64, bounds::SFT_BATCH as f64, packed)?;
+        at_most("sft.micro_batch_size", s.micro_batch_size as f64, bounds::SFT_BATCH as f64, packed)?;
+        at_most("sft.steps", s.steps as f64, bounds::STEPS as f64, "past a year of steps")?;
         let m = s.mix;
         let shares = [
             ("correct", m.correct),
@@ -548,6 +591,14 @@ impl Recipe {
         positive("rl.temperature", r.temperature)?;
         at_least("rl.max_turns", r.max_turns as f64, 1.0)?;
         at_least("rl.max_new_tokens", r.max_new_tokens as f64, 1.0)?;
+        at_most("rl.group_size", r.group_size as f64, bounds::GROUP_SIZE as f64, "a group is generated as one batch")?;
+        at_most("rl.groups_per_step", r.groups_per_step as f64, bounds::GROUPS_PER_STEP as f64, "a step's groups are held in memory")?;
+        at_most("rl.max_turns", r.max_turns as f64, bounds::MAX_TURNS as f64, "each turn is a generation and a tool call")?;
+        at_most("rl.max_new_tokens", r.max_new_tokens as f64, bounds::MAX_NEW_TOKENS as f64, "the longest context of the models rlmesh loads")?;
+        at_most("rl.steps", r.steps as f64, bounds::STEPS as f64, "past a year of steps")?;
+        if let Some(k) = r.max_staleness {
+            at_most("rl.max_staleness", k as f64, bounds::MAX_STALENESS as f64, "every policy version a buffered group may come from is kept")?;
+        }
         match (r.mode, r.max_staleness) {
             (ModeName::Sync, Some(k)) if k != 0 => Err(Invalid::new("rl.max_staleness", format!("mode \"sync\" means 0, got {k}"))),
             (ModeName::OneStepOff, Some(k)) if k != 1 => {
@@ -610,6 +661,14 @@ fn positive(field: &str, v: f64) -> Result<(), Invalid> {
         Ok(())
     } else {
         Err(Invalid::new(field, format!("must be > 0, got {v}")))
+    }
+}
+
+fn at_most(field: &str, v: f64, max: f64, why: &str) -> Result<(), Invalid> {
+    if v <= max {
+        Ok(())
+    } else {
+        Err(Invalid::new(field, format!("must be at most {max} ({why}), got {v}")))
     }
 }
 

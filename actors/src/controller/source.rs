@@ -9,6 +9,8 @@
 //! ```text
 //! deploy/bad.toml:12: field "learner.ranks": 20 ranks need 20 learner devices, the placement gives 8 (node "n0": 8)
 //! ```
+//!
+//! A file is at most [`MAX_CONFIG_BYTES`], refused before it is read.
 use serde::de::{DeserializeOwned, MapAccess, SeqAccess, Visitor};
 use serde::{Deserialize, Deserializer};
 use std::fmt;
@@ -71,20 +73,56 @@ impl Invalid {
 /// Reads `path` and parses it as `T`, running `validate` on the result.
 pub fn load<T: DeserializeOwned>(path: &Path, validate: impl FnOnce(&T) -> Result<(), Invalid>) -> Result<T, ConfigError> {
     let file = path.display().to_string();
-    let text = std::fs::read_to_string(path).map_err(|error| ConfigError::Io { file: file.clone(), error })?;
+    let text = read_bounded(path, &file)?;
     parse(&file, &text, validate)
 }
 
 /// Parses `text` (named `file` in errors) as `T`, running `validate` on the result.
 pub fn parse<T: DeserializeOwned>(file: &str, text: &str, validate: impl FnOnce(&T) -> Result<(), Invalid>) -> Result<T, ConfigError> {
-    let doc = Doc::parse(text).map_err(|e| ConfigError::Syntax {
-        file: file.to_string(),
-        line: line_of(text, e.span().map_or(0, |s| s.start)),
-        message: one_line(e.message()),
-    })?;
+    if text.len() > MAX_CONFIG_BYTES {
+        return Err(too_large(file, text.len() as u64));
+    }
+    let doc = Doc::parse(text).map_err(|e| syntax_error(file, text, &e))?;
     let value: T = toml::from_str(text).map_err(|e| doc.serde_error(file, text, &e))?;
     validate(&value).map_err(|e| doc.field_error(file, text, e))?;
     Ok(value)
+}
+
+/// Largest configuration file (16 MiB): a 100000-process topology takes about 5 MiB.
+pub const MAX_CONFIG_BYTES: usize = 16 << 20;
+
+/// Reading `path` refuses a file larger than [`MAX_CONFIG_BYTES`] before reading it.
+fn read_bounded(path: &Path, file: &str) -> Result<String, ConfigError> {
+    let io = |error| ConfigError::Io { file: file.to_string(), error };
+    let len = std::fs::metadata(path).map_err(io)?.len();
+    if len > MAX_CONFIG_BYTES as u64 {
+        return Err(too_large(file, len));
+    }
+    std::fs::read_to_string(path).map_err(io)
+}
+
+fn too_large(file: &str, len: u64) -> ConfigError {
+    let message = format!("{len} bytes, more than the {} MiB a configuration file may have", MAX_CONFIG_BYTES >> 20);
+    ConfigError::Syntax { file: file.to_string(), line: 1, message }
+}
+
+/// A TOML syntax error; when it lies in a value (an integer too large for
+/// TOML's i64, a bad date …), the error names that value's field: the
+/// document is parsed again with the value blanked out to find its path.
+fn syntax_error(file: &str, text: &str, e: &toml::de::Error) -> ConfigError {
+    let message = one_line(e.message());
+    let start = e.span().map_or(0, |s| s.start).min(text.len());
+    let line = line_of(text, start);
+    // The parser points at the value's first character: take the whole bare value (number, date, word).
+    let len = text.as_bytes()[start..].iter().take_while(|b| b.is_ascii_alphanumeric() || b"+-_.:".contains(b)).count();
+    let span = start..start + len;
+    if len > 0 {
+        let blanked = format!("{}0{}{}", &text[..span.start], " ".repeat(span.len() - 1), &text[span.end..]);
+        if let Some(field) = Doc::parse(&blanked).ok().and_then(|d| d.path_at(span.start).map(str::to_string)) {
+            return ConfigError::Field { file: file.to_string(), line, field, message };
+        }
+    }
+    ConfigError::Syntax { file: file.to_string(), line, message }
 }
 
 /// A parser message on one line (`expected …` parts joined with `; `).

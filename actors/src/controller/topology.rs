@@ -42,11 +42,27 @@
 //! embedded default puts every actor in `main`). [`Topology::validate`]
 //! checks nodes, devices, ranks and ports on plain data;
 //! [`Topology::load`] adds the file and line to its errors.
+//!
+//! Sizes are bounded before anything of that size is built: at most
+//! [`MAX_ACTORS_PER_PLACEMENT`] CPU actors per entry, [`MAX_ACTORS`] actors and
+//! [`MAX_PROCESSES`] processes in all. Validation and planning are linear in
+//! the number of actors (node and process lookups go through hash maps).
 use super::source::{self, ConfigError, Invalid};
 use serde::{Deserialize, Serialize};
-use std::collections::{BTreeMap, HashMap};
+use std::collections::{BTreeMap, HashMap, HashSet};
 use std::fmt;
 use std::path::Path;
+
+/// Most CPU actors one placement entry may ask for (4096): each is at least a
+/// thread with its own engine, and 4096 is past the cores of any one machine.
+pub const MAX_ACTORS_PER_PLACEMENT: u32 = 4096;
+
+/// Most actors of a topology (2^20): the list of actor slots is built whole.
+pub const MAX_ACTORS: usize = 1 << 20;
+
+/// Most processes of a topology (100000): 12500 nodes of 8 GPUs, past any
+/// cluster rlmesh targets; `plan`, `up` and `status` handle every process.
+pub const MAX_PROCESSES: usize = 100_000;
 
 /// A parsed topology file.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
@@ -233,6 +249,15 @@ impl Topology {
         self.nodes.iter().find(|n| n.name == name)
     }
 
+    /// Every node by name (the first of duplicates), for lookups in loops.
+    pub(crate) fn node_index(&self) -> HashMap<&str, &NodeSpec> {
+        let mut index = HashMap::with_capacity(self.nodes.len());
+        for n in &self.nodes {
+            index.entry(n.name.as_str()).or_insert(n);
+        }
+        index
+    }
+
     /// Every actor, role by role (controller, rollout, reward, learner, weight_sync), in index order.
     pub fn actors(&self) -> Vec<ActorSlot> {
         let mut out = Vec::new();
@@ -275,45 +300,71 @@ impl Topology {
         if self.nodes.is_empty() {
             return Err(Invalid::new("nodes", "at least one node is needed"));
         }
+        let mut first: HashMap<&str, usize> = HashMap::with_capacity(self.nodes.len());
         for (i, n) in self.nodes.iter().enumerate() {
-            if let Some(j) = self.nodes[..i].iter().position(|m| m.name == n.name) {
+            if let Some(j) = first.insert(&n.name, i) {
                 return Err(Invalid::new(format!("nodes[{i}].name"), format!("duplicate node \"{}\" (also nodes[{j}])", n.name)));
             }
             if n.gpus == 0 && n.gpu_type.is_some() {
                 return Err(Invalid::new(format!("nodes[{i}].gpu_type"), format!("node \"{}\" has no GPUs", n.name)));
             }
         }
+        let index = self.node_index();
         for (role, s) in [(Role::Controller, &self.controller), (Role::WeightSync, &self.weight_sync)] {
-            self.check_node(&format!("{role}.node"), &s.node)?;
+            self.check_node(&index, &format!("{role}.node"), &s.node)?;
         }
+        let mut total = 2;
         for (role, entries) in [(Role::Rollout, &self.rollout.placement), (Role::Reward, &self.reward.placement), (Role::Learner, &self.learner.placement)] {
             if entries.is_empty() {
                 return Err(Invalid::new(format!("{role}.placement"), "at least one entry is needed"));
             }
             for (i, p) in entries.iter().enumerate() {
-                self.check_placement(&format!("{role}.placement[{i}]"), p)?;
+                self.check_placement(&index, &format!("{role}.placement[{i}]"), p)?;
+                total += p.gpus.len().max(p.actors.unwrap_or(1) as usize);
+                if total > MAX_ACTORS {
+                    return Err(Invalid::new(format!("{role}.placement[{i}]"), format!("a topology has at most {MAX_ACTORS} actors, this entry passes that")));
+                }
             }
         }
         let actors = self.actors();
+        let processes = process_keys(&actors);
+        if processes.len() > MAX_PROCESSES {
+            // The entry whose actor opens the first process past the bound.
+            let (node, name) = &processes[MAX_PROCESSES];
+            let field = actors.iter().find(|a| a.node == *node && process_name(a) == *name).map_or("nodes", |a| a.field.as_str());
+            return Err(Invalid::new(
+                field,
+                format!("a topology has at most {MAX_PROCESSES} processes (each is started, watched and stopped on its own), this one has {}; share processes with `process = \"…\"`", processes.len()),
+            ));
+        }
         check_gpus_used_once(&actors)?;
         self.check_learners(&actors)?;
-        self.check_ports(&actors)
+        self.check_ports(&index, &processes, &actors)
     }
 
-    fn check_node(&self, field: &str, name: &str) -> Result<&NodeSpec, Invalid> {
-        self.node(name).ok_or_else(|| {
-            let known: Vec<&str> = self.nodes.iter().map(|n| n.name.as_str()).collect();
+    fn check_node<'a>(&self, index: &HashMap<&str, &'a NodeSpec>, field: &str, name: &str) -> Result<&'a NodeSpec, Invalid> {
+        index.get(name).copied().ok_or_else(|| {
+            let mut known: Vec<&str> = self.nodes.iter().take(20).map(|n| n.name.as_str()).collect();
+            if self.nodes.len() > known.len() {
+                known.push("…");
+            }
             Invalid::new(field, format!("unknown node \"{name}\" (nodes: {})", known.join(", ")))
         })
     }
 
-    fn check_placement(&self, field: &str, p: &Placement) -> Result<(), Invalid> {
-        let node = self.check_node(&format!("{field}.node"), &p.node)?;
+    fn check_placement(&self, index: &HashMap<&str, &NodeSpec>, field: &str, p: &Placement) -> Result<(), Invalid> {
+        let node = self.check_node(index, &format!("{field}.node"), &p.node)?;
         if !p.gpus.is_empty() && p.actors.is_some() {
             return Err(Invalid::new(format!("{field}.actors"), "give either gpus (one actor per GPU) or actors (CPU actors), not both"));
         }
         if p.actors == Some(0) {
             return Err(Invalid::new(format!("{field}.actors"), "must be at least 1"));
+        }
+        if let Some(n) = p.actors.filter(|&n| n > MAX_ACTORS_PER_PLACEMENT) {
+            return Err(Invalid::new(
+                format!("{field}.actors"),
+                format!("at most {MAX_ACTORS_PER_PLACEMENT} CPU actors per entry (each is a thread with its own engine), got {n}"),
+            ));
         }
         if let Some(&g) = p.gpus.iter().find(|&&g| g >= node.gpus) {
             let has = match node.gpus {
@@ -331,12 +382,9 @@ impl Topology {
     fn check_learners(&self, actors: &[ActorSlot]) -> Result<(), Invalid> {
         let learners: Vec<&ActorSlot> = actors.iter().filter(|a| a.role == Role::Learner).collect();
         if self.learner.ranks as usize != learners.len() {
-            let mut per_node: Vec<(&str, usize)> = Vec::new();
+            let mut per_node: BTreeMap<&str, usize> = BTreeMap::new();
             for a in &learners {
-                match per_node.iter_mut().find(|(n, _)| *n == a.node) {
-                    Some((_, c)) => *c += 1,
-                    None => per_node.push((&a.node, 1)),
-                }
+                *per_node.entry(&a.node).or_default() += 1;
             }
             let detail: Vec<String> = per_node.iter().map(|(n, c)| format!("node \"{n}\": {c}")).collect();
             return Err(Invalid::new(
@@ -368,12 +416,12 @@ impl Topology {
         Ok(())
     }
 
-    fn check_ports(&self, actors: &[ActorSlot]) -> Result<(), Invalid> {
+    fn check_ports(&self, index: &HashMap<&str, &NodeSpec>, processes: &[(&str, String)], actors: &[ActorSlot]) -> Result<(), Invalid> {
         let mut per_host: BTreeMap<&str, u32> = BTreeMap::new();
-        for key in process_keys(actors) {
-            *per_host.entry(&self.node(key.0).expect("checked node").host).or_default() += 1;
+        for key in processes {
+            *per_host.entry(&index[key.0].host).or_default() += 1;
         }
-        let master_host = actors.iter().find(|a| a.role == Role::Learner).map(|a| &self.node(&a.node).expect("checked node").host);
+        let master_host = actors.iter().find(|a| a.role == Role::Learner).map(|a| &index[a.node.as_str()].host);
         let p = self.ports;
         for (host, &n) in &per_host {
             let mut ranges: Vec<(&str, u32, u32)> =
@@ -401,9 +449,10 @@ impl Topology {
 /// The process each actor runs in, as `(node, process name)`, in order of first appearance.
 pub(crate) fn process_keys(actors: &[ActorSlot]) -> Vec<(&str, String)> {
     let mut keys: Vec<(&str, String)> = Vec::new();
+    let mut seen: HashSet<(&str, String)> = HashSet::with_capacity(actors.len());
     for a in actors {
         let key = (a.node.as_str(), process_name(a));
-        if !keys.contains(&key) {
+        if seen.insert(key.clone()) {
             keys.push(key);
         }
     }
