@@ -753,32 +753,21 @@ impl Launcher {
         let log_out = log.take();
         let t_out = thread::spawn(move || {
             let mut r = BufReader::new(stdout);
-            let mut line = String::new();
-            match r.read_line(&mut line) {
-                Ok(n) if n > 0 && line.starts_with(PID_MARKER) => {
-                    let _ = tx.send(Some(line));
-                }
-                Ok(n) if n > 0 => {
-                    // Something printed before the marker (a login banner?): keep looking.
-                    let mut first = line.clone();
-                    loop {
-                        line.clear();
-                        match r.read_line(&mut line) {
-                            Ok(n) if n > 0 && line.starts_with(PID_MARKER) => {
-                                let _ = tx.send(Some(line));
-                                break;
-                            }
-                            Ok(n) if n > 0 => first.push_str(&line),
-                            _ => {
-                                let _ = tx.send(None);
-                                return;
-                            }
-                        }
+            let mut log_out = log_out;
+            let mut line = Vec::new();
+            loop {
+                line.clear();
+                match r.read_until(b'\n', &mut line) {
+                    Ok(n) if n > 0 && line.starts_with(PID_MARKER.as_bytes()) => {
+                        let _ = tx.send(Some(String::from_utf8_lossy(&line).into_owned()));
+                        break;
                     }
-                }
-                _ => {
-                    let _ = tx.send(None);
-                    return;
+                    // Printed before the marker (by the remote shell's rc files?): it belongs in the log.
+                    Ok(n) if n > 0 => write_out(&mut log_out, &line),
+                    _ => {
+                        let _ = tx.send(None);
+                        return;
+                    }
                 }
             }
             copy_out(r, log_out, None);
@@ -877,15 +866,16 @@ fn copy_out(mut r: impl Read, log: Option<File>, kept: Option<Arc<Mutex<Vec<u8>>
             let room = STDERR_KEPT.saturating_sub(k.len());
             k.extend_from_slice(&buf[..n.min(room)]);
         }
-        match &mut log {
-            Some(f) => {
-                let _ = f.write_all(&buf[..n]);
-            }
-            None => {
-                let _ = io::stderr().write_all(&buf[..n]);
-            }
-        }
+        write_out(&mut log, &buf[..n]);
     }
+}
+
+/// Write to the log file, or this process's stderr when there is none.
+fn write_out(log: &mut Option<File>, bytes: &[u8]) {
+    let _ = match log {
+        Some(f) => f.write_all(bytes),
+        None => io::stderr().write_all(bytes),
+    };
 }
 
 /// A started process: its host, its pid there, and a way to wait for it and

@@ -220,3 +220,42 @@ fn local_addresses_start_locally() {
     let mut p = Launcher::for_host("127.0.0.1", SshConfig::default()).spawn(&ProcessSpec::new("true", Vec::<String>::new())).unwrap();
     assert!(p.wait().unwrap().success());
 }
+
+/// A stand-in for `ssh` that runs the remote command with the local `sh`,
+/// as a login shell would, after printing `banner` (as remote rc files may).
+fn fake_ssh(dir: &std::path::Path, name: &str, body: &str) -> SshConfig {
+    use std::os::unix::fs::PermissionsExt;
+    let p = dir.join(name);
+    std::fs::write(&p, format!("#!/bin/sh\n{body}\n")).unwrap();
+    std::fs::set_permissions(&p, std::fs::Permissions::from_mode(0o755)).unwrap();
+    SshConfig { program: p.to_str().unwrap().to_string(), ..SshConfig::default() }
+}
+
+#[test]
+fn ssh_path_with_a_stand_in_client() {
+    let dir = tempfile::tempdir().unwrap();
+    // Everything up to `--` is ssh's; the one word after it goes to the login shell.
+    let ssh = fake_ssh(
+        dir.path(),
+        "ssh-banner",
+        "while [ \"$1\" != -- ]; do shift; done; shift\necho 'Welcome to a chatty host'\nexec sh -c \"$1\"",
+    );
+    let host = Host::Ssh { destination: "fake".into(), ssh };
+    let log = dir.path().join("p.log");
+    let mut spec = ProcessSpec::new("sh", ["-c", "echo \"$SECRET|$@\"", "x", "it's", "$(x)"]);
+    spec.secret_env.insert("SECRET".into(), "hush".into());
+    spec.log = Some(log.clone());
+    let mut p = Launcher::new(host.clone()).spawn(&spec).unwrap();
+    assert!(p.pid() > 0 && p.start_time() != "-");
+    assert_eq!(p.wait().unwrap(), Exit::Code(0));
+    assert_eq!(std::fs::read_to_string(&log).unwrap(), "Welcome to a chatty host\nhush|it's $(x)\n");
+
+    // ssh's 255 before the process started is a connection error naming host and command.
+    let ssh = fake_ssh(dir.path(), "ssh-refused", "echo 'ssh: connect to host fake port 22: Connection refused' >&2; exit 255");
+    let e = Launcher::new(Host::Ssh { destination: "fake".into(), ssh })
+        .spawn(&ProcessSpec::new("prog", ["arg"]))
+        .unwrap_err();
+    assert!(matches!(e, LaunchError::Connect { .. }), "{e}");
+    let msg = e.to_string();
+    assert!(msg.contains("fake") && msg.contains("prog arg") && msg.contains("Connection refused"), "{msg}");
+}
