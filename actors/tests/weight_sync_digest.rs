@@ -24,9 +24,11 @@ fn updates_load_exactly_and_corruption_is_refused() {
     bad.image[mid] ^= 0x40;
     let before = receiver.score(&seqs).unwrap();
     match apply(&receiver, &bad) {
-        Err(WeightError::Digest { version: 4, .. }) => {}
+        Err(e @ WeightError::Digest { version: 4, bucket: 0, .. }) => assert!(e.to_string().contains("bucket 0") && e.to_string().contains("refused"), "{e}"),
         other => panic!("a corrupted image must be refused, got {other:?}"),
     }
+    // The per-bucket digests travel with the update and match a fresh digest of the image.
+    assert_eq!(update.buckets, rlmesh_comm::digest::BucketDigests::of(&update.image, rlmesh_actors::weight_sync::WEIGHT_BUCKET_BYTES));
     assert_eq!(receiver.score(&seqs).unwrap(), before, "a refused update changes nothing");
     let ack = apply(&receiver, &update).unwrap();
     assert_eq!((ack.version, ack.digest), (4, update.digest));

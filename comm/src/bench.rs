@@ -120,6 +120,120 @@ impl BenchReport {
     }
 }
 
+/// One (receivers, size) weight-sync measurement.
+#[derive(Debug, Clone, serde::Serialize, serde::Deserialize)]
+pub struct WeightSyncResult {
+    /// Receiving processes (the world is one more: the sender).
+    pub receivers: usize,
+    /// Buffer size in bytes.
+    pub bytes: usize,
+    /// Bucket size in bytes.
+    pub bucket_bytes: usize,
+    /// Median over iterations of the slowest rank's time, seconds.
+    pub median_s: f64,
+    /// Bytes delivered to each receiver per second, GB/s.
+    pub gbps: f64,
+    /// Loopback copy bandwidth for the same size, GB/s.
+    pub loopback_gbps: f64,
+    /// gbps / loopback.
+    pub ratio: f64,
+    /// Median over iterations of the slowest rank's digest seconds / its sync seconds.
+    pub digest_share: f64,
+}
+
+/// The weight-sync benchmark's result.
+#[derive(Debug, Clone, serde::Serialize, serde::Deserialize)]
+pub struct WeightSyncReport {
+    /// Logical CPUs on this machine (the processes share them).
+    pub cpus: usize,
+    /// One entry per (receivers, size).
+    pub results: Vec<WeightSyncResult>,
+}
+
+impl WeightSyncReport {
+    /// A plain-text table.
+    pub fn to_table(&self) -> String {
+        let mut s = format!(
+            "CPU weight sync (bucketed broadcast + XXH3 per bucket, loopback TCP, {} CPUs), medians\n{:>9} {:>9} {:>9} {:>10} {:>8} {:>13} {:>7} {:>13}\n",
+            self.cpus, "receivers", "size", "bucket", "time_ms", "GB/s", "loopback_GB/s", "ratio", "digest_share"
+        );
+        for r in &self.results {
+            s.push_str(&format!(
+                "{:>9} {:>6}MiB {:>6}MiB {:>10.2} {:>8.3} {:>13.3} {:>7.2} {:>12.1}%\n",
+                r.receivers,
+                r.bytes / MIB,
+                r.bucket_bytes / MIB,
+                r.median_s * 1e3,
+                r.gbps,
+                r.loopback_gbps,
+                r.ratio,
+                100.0 * r.digest_share
+            ));
+        }
+        s
+    }
+}
+
+/// Runs `world` worker processes with `edit` applied to each rank's arguments and collects their reports.
+fn run_reports(cfg: &BenchConfig, world: usize, what: &str, edit: impl Fn(&mut WorkerArgs)) -> Result<Vec<WorkerReport>> {
+    let addr = free_loopback_addr();
+    let outs = run_ranks(&cfg.worker, world, cfg.deadline, |rank| {
+        let mut a = WorkerArgs::new(rank, world, addr.clone());
+        a.iters = cfg.iters;
+        a.warmup = cfg.warmup;
+        a.block_bytes = cfg.block_bytes;
+        a.json = true;
+        edit(&mut a);
+        a.to_args()
+    })?;
+    let mut reports: Vec<WorkerReport> = Vec::new();
+    for o in &outs {
+        let line = o.stdout.lines().rev().find(|l| l.starts_with('{'));
+        match (o.success(), line.and_then(|l| serde_json::from_str::<WorkerReport>(l).ok())) {
+            (true, Some(r)) => reports.push(r),
+            _ => {
+                return Err(CommError::Worker {
+                    what: format!("rank {} of world {world}, {what}", o.rank),
+                    detail: format!("status {:?}; stderr: {}", o.status, o.stderr.trim()),
+                })
+            }
+        }
+    }
+    Ok(reports)
+}
+
+/// Per iteration, the slowest rank's value of `pick`; then the median.
+fn slowest_median(reports: &[WorkerReport], iters: usize, pick: impl Fn(&WorkerReport, usize) -> f64) -> f64 {
+    let per_iter: Vec<f64> = (0..iters).map(|i| reports.iter().map(|r| pick(r, i)).fold(0.0, f64::max)).collect();
+    median(&per_iter)
+}
+
+/// The weight-sync benchmark: for each size the loopback copy bandwidth, then
+/// for each receiver count a bucketed broadcast from one sender process
+/// (`cfg.worlds` holds the receiver counts), each bucket digested on arrival.
+pub fn bench_weight_sync(cfg: &BenchConfig, bucket_bytes: usize) -> Result<WeightSyncReport> {
+    let mut results = Vec::new();
+    for &bytes in &cfg.sizes {
+        let loop_gbps = loopback_copy_bandwidth(bytes, cfg.block_bytes, (cfg.iters + cfg.warmup).max(3))? / 1e9;
+        for &receivers in &cfg.worlds {
+            let reports = run_reports(cfg, receivers + 1, &format!("{bytes} bytes"), |a| {
+                a.op = WorkerOp::WeightSync;
+                a.dtype = DType::F32;
+                a.len = bytes / 4;
+                a.bucket_bytes = bucket_bytes;
+            })?;
+            let t = slowest_median(&reports, cfg.iters, |r, i| r.times_s.get(i).copied().unwrap_or(f64::NAN));
+            let share = slowest_median(&reports, cfg.iters, |r, i| match (r.digest_times_s.get(i), r.times_s.get(i)) {
+                (Some(d), Some(t)) if *t > 0.0 => d / t,
+                _ => f64::NAN,
+            });
+            let gbps = bytes as f64 / t / 1e9;
+            results.push(WeightSyncResult { receivers, bytes, bucket_bytes, median_s: t, gbps, loopback_gbps: loop_gbps, ratio: gbps / loop_gbps, digest_share: share });
+        }
+    }
+    Ok(WeightSyncReport { cpus: std::thread::available_parallelism().map(|n| n.get()).unwrap_or(1), results })
+}
+
 /// Median of a non-empty list.
 pub fn median(xs: &[f64]) -> f64 {
     let mut v = xs.to_vec();
@@ -194,36 +308,12 @@ pub fn bench_allreduce(cfg: &BenchConfig) -> Result<BenchReport> {
     let mut results = Vec::new();
     for &world in &cfg.worlds {
         for (&bytes, &(_, loop_gbps)) in cfg.sizes.iter().zip(&loopback) {
-            let addr = free_loopback_addr();
-            let outs = run_ranks(&cfg.worker, world, cfg.deadline, |rank| {
-                let mut a = WorkerArgs::new(rank, world, addr.clone());
+            let reports = run_reports(cfg, world, &format!("{bytes} bytes"), |a| {
                 a.op = WorkerOp::AllReduce(ReduceOp::Sum);
                 a.dtype = DType::F32;
                 a.len = bytes / 4;
-                a.iters = cfg.iters;
-                a.warmup = cfg.warmup;
-                a.block_bytes = cfg.block_bytes;
-                a.json = true;
-                a.to_args()
             })?;
-            let mut reports: Vec<WorkerReport> = Vec::new();
-            for o in &outs {
-                let line = o.stdout.lines().rev().find(|l| l.starts_with('{'));
-                match (o.success(), line.and_then(|l| serde_json::from_str::<WorkerReport>(l).ok())) {
-                    (true, Some(r)) => reports.push(r),
-                    _ => {
-                        return Err(CommError::Worker {
-                            what: format!("rank {} of world {world}, {} bytes", o.rank, bytes),
-                            detail: format!("status {:?}; stderr: {}", o.status, o.stderr.trim()),
-                        })
-                    }
-                }
-            }
-            // Per iteration, the slowest rank's time; then the median.
-            let per_iter: Vec<f64> = (0..cfg.iters)
-                .map(|i| reports.iter().map(|r| r.times_s.get(i).copied().unwrap_or(f64::NAN)).fold(0.0, f64::max))
-                .collect();
-            let t = median(&per_iter);
+            let t = slowest_median(&reports, cfg.iters, |r, i| r.times_s.get(i).copied().unwrap_or(f64::NAN));
             let algbw = bytes as f64 / t / 1e9;
             let busbw = algbw * 2.0 * (world as f64 - 1.0) / world as f64;
             results.push(AllReduceResult {

@@ -58,6 +58,10 @@ pub enum WorkerOp {
     Barrier,
     /// Bucketed all-reduce (sum) over `--slices`.
     Bucketed,
+    /// A weight sync: broadcast from `--root` in buckets of `--bucket-bytes`,
+    /// each receiver digesting every bucket as it arrives and checking it
+    /// against the root's digests.
+    WeightSync,
 }
 
 impl WorkerOp {
@@ -71,6 +75,7 @@ impl WorkerOp {
             WorkerOp::AllGather => "all-gather",
             WorkerOp::Barrier => "barrier",
             WorkerOp::Bucketed => "bucketed",
+            WorkerOp::WeightSync => "weight-sync",
         }
     }
 
@@ -83,6 +88,7 @@ impl WorkerOp {
             "all-gather" => WorkerOp::AllGather,
             "barrier" => WorkerOp::Barrier,
             "bucketed" => WorkerOp::Bucketed,
+            "weight-sync" => WorkerOp::WeightSync,
             other => return Err(CommError::Usage(format!("unknown --op {other:?}"))),
         })
     }
@@ -136,6 +142,8 @@ pub struct WorkerArgs {
     pub die_after: Option<usize>,
     /// Stop responding before this iteration (tests).
     pub stall_after: Option<usize>,
+    /// `weight-sync` only: the last rank flips a byte of this bucket after receiving it (tests).
+    pub corrupt_bucket: Option<usize>,
 }
 
 impl WorkerArgs {
@@ -164,6 +172,7 @@ impl WorkerArgs {
             random: false,
             die_after: None,
             stall_after: None,
+            corrupt_bucket: None,
         }
     }
 
@@ -211,6 +220,7 @@ impl WorkerArgs {
                 "--random" => a.random = true,
                 "--die-after" => a.die_after = Some(num(&flag, it.next())?),
                 "--stall-after" => a.stall_after = Some(num(&flag, it.next())?),
+                "--corrupt-bucket" => a.corrupt_bucket = Some(num(&flag, it.next())?),
                 other => return Err(CommError::Usage(format!("unknown flag {other:?}"))),
             }
         }
@@ -280,6 +290,10 @@ impl WorkerArgs {
             v.push("--stall-after".into());
             v.push(k.to_string());
         }
+        if let Some(k) = self.corrupt_bucket {
+            v.push("--corrupt-bucket".into());
+            v.push(k.to_string());
+        }
         v
     }
 }
@@ -299,7 +313,10 @@ pub struct WorkerReport {
     pub len: usize,
     /// Seconds taken by each timed iteration (each preceded by a barrier).
     pub times_s: Vec<f64>,
-    /// FNV-1a 64 of the final result bytes (equal across ranks for all-reduce).
+    /// `weight-sync`: of each timed iteration, the seconds spent digesting buckets.
+    #[serde(default)]
+    pub digest_times_s: Vec<f64>,
+    /// XXH3-64 of the final result bytes (equal across ranks for all-reduce).
     pub digest: String,
     /// Whether `--check` verified every iteration.
     pub checked: bool,
@@ -319,14 +336,9 @@ pub fn random_value(rank: usize, i: usize) -> f64 {
     (z >> 11) as f64 / (1u64 << 53) as f64 * 2000.0 - 1000.0
 }
 
-/// FNV-1a 64-bit hash, hex: a digest to compare buffers across processes.
+/// XXH3-64 of a buffer, hex: a digest to compare buffers across processes.
 pub fn digest(bytes: &[u8]) -> String {
-    let mut h: u64 = 0xcbf2_9ce4_8422_2325;
-    for b in bytes {
-        h ^= *b as u64;
-        h = h.wrapping_mul(0x0000_0100_0000_01b3);
-    }
-    format!("{h:016x}")
+    format!("{:016x}", crate::digest::bucket_digest(bytes))
 }
 
 /// Entry point of the worker process: parses `args` (without the program
@@ -352,6 +364,33 @@ pub fn worker_main(args: impl IntoIterator<Item = String>) -> ExitCode {
             ExitCode::from(1)
         }
     }
+}
+
+/// One weight sync of `data` from the root: bucket by bucket, each bucket
+/// digested (XXH3) on arrival, then the root's digests broadcast and compared
+/// (in a run they travel on the control plane). Returns the seconds spent digesting.
+fn weight_sync<T: Element>(args: &WorkerArgs, comm: &mut RingComm, data: &mut [T]) -> Result<f64> {
+    let per = (args.bucket_bytes / T::DTYPE.size()).max(1);
+    let mut digest_s = 0.0;
+    let mut ours = Vec::with_capacity(data.len().div_ceil(per));
+    for (b, bucket) in data.chunks_mut(per).enumerate() {
+        comm.broadcast_slice(bucket, args.root)?;
+        if args.corrupt_bucket == Some(b) && args.rank + 1 == args.world && args.rank != args.root {
+            crate::buffer::as_bytes_mut(bucket)[0] ^= 0x01;
+        }
+        let t = Instant::now();
+        ours.push(crate::digest::bucket_digest(as_bytes(bucket)));
+        digest_s += t.elapsed().as_secs_f64();
+    }
+    let mut roots: Vec<f64> = ours.iter().map(|d| f64::from_bits(*d)).collect();
+    comm.broadcast_slice(&mut roots, args.root)?;
+    if let Some(b) = ours.iter().zip(&roots).position(|(o, r)| *o != r.to_bits()) {
+        return Err(CommError::Worker {
+            what: format!("rank {} weight-sync digest", args.rank),
+            detail: format!("bucket {b} of {}: received {:016x}, the root sent {:016x}; this version is refused", ours.len(), ours[b], roots[b].to_bits()),
+        });
+    }
+    Ok(digest_s)
 }
 
 /// Joins the ring and runs the worker's iterations; returns its report.
@@ -400,7 +439,7 @@ fn expected<T: Element>(args: &WorkerArgs, len: usize) -> Vec<T> {
     match args.op {
         WorkerOp::AllReduce(ReduceOp::Sum) | WorkerOp::Bucketed => (0..len).map(sum).collect(),
         WorkerOp::AllReduce(ReduceOp::Mean) => (0..len).map(|i| sum(i).div(p)).collect(),
-        WorkerOp::Broadcast => (0..len).map(|i| T::from_f64(value(args, args.root, i))).collect(),
+        WorkerOp::Broadcast | WorkerOp::WeightSync => (0..len).map(|i| T::from_f64(value(args, args.root, i))).collect(),
         WorkerOp::ReduceScatter => {
             let m = len / p;
             (args.rank * m..(args.rank + 1) * m).map(sum).collect()
@@ -419,6 +458,7 @@ fn run_typed<T: Element>(args: &WorkerArgs, comm: &mut RingComm) -> Result<Worke
     let want: Vec<T> = if args.check { expected(args, len) } else { Vec::new() };
     let mut bucketer = Bucketer::<T>::new(args.bucket_bytes);
     let mut times = Vec::with_capacity(args.iters);
+    let mut digest_times = Vec::new();
     let mut result: Vec<T> = Vec::new();
     for it in 0..args.warmup + args.iters {
         if args.die_after == Some(it) {
@@ -451,6 +491,12 @@ fn run_typed<T: Element>(args: &WorkerArgs, comm: &mut RingComm) -> Result<Worke
                     rest = tail;
                 }
                 bucketer.all_reduce(comm, &mut slices, ReduceOp::Sum)?;
+            }
+            WorkerOp::WeightSync => {
+                let secs = weight_sync(args, comm, &mut data)?;
+                if it >= args.warmup {
+                    digest_times.push(secs);
+                }
             }
         }
         let dt = t0.elapsed().as_secs_f64();
@@ -501,6 +547,7 @@ fn run_typed<T: Element>(args: &WorkerArgs, comm: &mut RingComm) -> Result<Worke
         dtype: T::DTYPE,
         len,
         times_s: times,
+        digest_times_s: digest_times,
         digest: digest(bytes),
         checked: args.check,
     })

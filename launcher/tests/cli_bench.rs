@@ -20,6 +20,25 @@ fn bench_allreduce_runs_ranks_through_comm_worker_and_prints_the_ratio() {
     assert!(stderr(&o).contains("--worlds: at least 2 ranks"), "{}", stderr(&o));
 }
 
+/// `launcher bench weight-sync`: one sender and N receiver processes, digest share and ratio printed.
+#[test]
+fn bench_weight_sync_reports_bandwidth_ratio_and_digest_share() {
+    let o = launcher(&["bench", "weight-sync", "--receivers", "1,2", "--mib", "2", "--bucket-mib", "1", "--iters", "2", "--warmup", "0"]);
+    assert_eq!(code(&o), 0, "{}", stderr(&o));
+    let out = stdout(&o);
+    let report: Value = serde_json::from_str(out.lines().last().unwrap()).unwrap();
+    let rows = report["report"]["results"].as_array().unwrap();
+    assert_eq!(rows.iter().map(|r| r["receivers"].as_u64().unwrap()).collect::<Vec<_>>(), [1, 2]);
+    for r in rows {
+        let (gbps, loopback, ratio, share) = (r["gbps"].as_f64().unwrap(), r["loopback_gbps"].as_f64().unwrap(), r["ratio"].as_f64().unwrap(), r["digest_share"].as_f64().unwrap());
+        assert!(gbps > 0.0 && loopback > 0.0 && (ratio - gbps / loopback).abs() < 1e-9, "{r}");
+        assert!(share > 0.0 && share < 1.0, "the digest takes some but not all of the sync: {r}");
+    }
+    let o = launcher(&["bench", "weight-sync", "--receivers", "0"]);
+    assert_eq!(code(&o), 2);
+    assert!(stderr(&o).contains("--receivers"), "{}", stderr(&o));
+}
+
 /// `launcher bench generate` alternates rlmesh and transformers `generate` (the real peer,
 /// in the set-up's Python) and reports the median of the rounds' ratios.
 #[test]

@@ -3,10 +3,12 @@
 //!
 //! On CPU the weights travel as a safetensors image in a message (the data
 //! plane); on GPUs the same versioned protocol would carry an NCCL broadcast.
-//! Every receiver checks the image's digest before loading it and reports the
-//! version it now holds.
+//! Every receiver checks the image's per-bucket XXH3 digests
+//! (`rlmesh_comm::digest`) before loading it, refusing a version whose bytes
+//! changed and naming the bucket, and reports the version it now holds.
 use crate::rollout::actor::RolloutMsg;
 use ractor::{Actor, ActorProcessingErr, ActorRef, RpcReplyPort};
+use rlmesh_comm::digest::BucketDigests;
 use rlmesh_model::Transformer;
 use safetensors::tensor::{Dtype, View};
 use serde::{Deserialize, Serialize};
@@ -15,13 +17,18 @@ use std::collections::HashMap;
 use std::time::Instant;
 use tch::{Kind, Tensor};
 
-/// One policy version as a safetensors image plus its digest.
+/// Bucket size of a weight image's digests (and of its transfer across processes).
+pub const WEIGHT_BUCKET_BYTES: usize = 8 << 20;
+
+/// One policy version as a safetensors image plus its digests.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 pub struct WeightUpdate {
     /// Policy version.
     pub version: u64,
-    /// FNV-1a 64 of `image`.
+    /// The combined digest of `image` (see [`BucketDigests::combined`]).
     pub digest: u64,
+    /// XXH3-64 of each [`WEIGHT_BUCKET_BYTES`] bucket of `image`.
+    pub buckets: BucketDigests,
     /// The parameters as one safetensors file (float32).
     pub image: Vec<u8>,
 }
@@ -38,14 +45,16 @@ pub struct WeightAck {
 /// Errors of weight transfer.
 #[derive(Debug, thiserror::Error)]
 pub enum WeightError {
-    /// The received image does not hash to the sender's digest.
-    #[error("weight update v{version}: digest mismatch (sent {sent:016x}, received {received:016x})")]
+    /// The received image does not hash to the sender's digests.
+    #[error("weight update v{version}: digest mismatch in bucket {bucket} (sent {sent:016x}, received {received:016x}); version refused")]
     Digest {
         /// Version.
         version: u64,
-        /// Sender's digest.
+        /// The first bucket that differs.
+        bucket: usize,
+        /// Sender's combined digest.
         sent: u64,
-        /// Receiver's digest.
+        /// Receiver's combined digest.
         received: u64,
     },
     /// The image is not a valid safetensors file.
@@ -59,16 +68,6 @@ pub enum WeightError {
     /// Loading into the model failed.
     #[error(transparent)]
     Model(#[from] rlmesh_model::ModelError),
-}
-
-/// FNV-1a, 64 bits (stable across processes and builds).
-pub fn fnv1a64(bytes: &[u8]) -> u64 {
-    let mut h: u64 = 0xcbf29ce484222325;
-    for &b in bytes {
-        h ^= b as u64;
-        h = h.wrapping_mul(0x100000001b3);
-    }
-    h
 }
 
 struct Host {
@@ -106,14 +105,16 @@ pub fn pack(model: &Transformer, version: u64) -> WeightUpdate {
         })
         .collect();
     let image = safetensors::tensor::serialize(host.iter().map(|(n, h)| (n.as_str(), h)), None).expect("in-memory safetensors");
-    WeightUpdate { version, digest: fnv1a64(&image), image }
+    let buckets = BucketDigests::of(&image, WEIGHT_BUCKET_BYTES);
+    WeightUpdate { version, digest: buckets.combined(), buckets, image }
 }
 
 /// Verify and load an update into a model.
 pub fn apply(model: &Transformer, update: &WeightUpdate) -> Result<WeightAck, WeightError> {
-    let received = fnv1a64(&update.image);
-    if received != update.digest {
-        return Err(WeightError::Digest { version: update.version, sent: update.digest, received });
+    let ours = BucketDigests::of(&update.image, update.buckets.bucket_bytes);
+    let received = ours.combined();
+    if let Some(bucket) = ours.first_mismatch(&update.buckets).or((received != update.digest).then_some(0)) {
+        return Err(WeightError::Digest { version: update.version, bucket, sent: update.digest, received });
     }
     let st = safetensors::SafeTensors::deserialize(&update.image)
         .map_err(|e| WeightError::Image { version: update.version, message: e.to_string() })?;

@@ -3,7 +3,7 @@
 use crate::error::{CliError, CliResult, UsageContext};
 use clap::{Args, Subcommand};
 use rlmesh_actors::learner::bench::{bench_learner_step, LearnerBench};
-use rlmesh_comm::bench::{bench_allreduce, BenchConfig, WorkerCommand};
+use rlmesh_comm::bench::{bench_allreduce, bench_weight_sync, BenchConfig, WorkerCommand};
 use rlmesh_model::{SamplingParams, Transformer};
 use serde_json::{json, Value};
 use std::io::Write;
@@ -26,6 +26,27 @@ enum Bench {
     Learner(LearnerArgs),
     /// CPU ring all-reduce bus bandwidth for 2–4 ranks vs the loopback copy bandwidth.
     Allreduce(AllreduceArgs),
+    /// CPU weight sync (bucketed broadcast, XXH3 per bucket) from one sender to 1, 2 and 4 receiver processes vs the loopback copy bandwidth.
+    WeightSync(WeightSyncArgs),
+}
+
+#[derive(Args)]
+struct WeightSyncArgs {
+    /// Receiver process counts (plus one sender each).
+    #[arg(long, value_delimiter = ',', default_values_t = vec![1, 2, 4])]
+    receivers: Vec<usize>,
+    /// Weight buffer sizes in MiB (the tiny policy is ~4 MiB in float32, SmolLM2-135M ~540 MiB).
+    #[arg(long, value_delimiter = ',', default_values_t = vec![16, 256])]
+    mib: Vec<usize>,
+    /// Bucket size in MiB.
+    #[arg(long, default_value_t = 8)]
+    bucket_mib: usize,
+    /// Timed iterations per configuration (the median is reported).
+    #[arg(long, default_value_t = 5)]
+    iters: usize,
+    /// Untimed iterations first.
+    #[arg(long, default_value_t = 1)]
+    warmup: usize,
 }
 
 #[derive(Args)]
@@ -109,6 +130,7 @@ pub fn run(a: BenchArgs) -> CliResult {
         Bench::Generate(g) => generate(g),
         Bench::Learner(l) => learner(l),
         Bench::Allreduce(r) => allreduce(r),
+        Bench::WeightSync(w) => weight_sync(w),
     }
 }
 
@@ -164,6 +186,25 @@ fn allreduce(r: AllreduceArgs) -> CliResult {
     let report = bench_allreduce(&cfg)?;
     print!("{}", report.to_table());
     println!("{}", json!({ "bench": "allreduce", "report": report }));
+    Ok(())
+}
+
+/// `launcher bench weight-sync`: one sender and N receivers as `launcher comm-worker` processes.
+fn weight_sync(w: WeightSyncArgs) -> CliResult {
+    if w.receivers.contains(&0) || w.mib.contains(&0) || w.bucket_mib == 0 || w.iters == 0 {
+        return Err(CliError::usage(anyhow::anyhow!("--receivers, --mib, --bucket-mib, --iters: at least 1")));
+    }
+    if w.receivers.iter().any(|&r| r > 64) || w.mib.iter().any(|&m| m > 16 << 10) {
+        return Err(CliError::usage(anyhow::anyhow!("--receivers: at most 64 processes; --mib: at most 16384 (16 GiB)")));
+    }
+    let mut cfg = BenchConfig::new(WorkerCommand::new(std::env::current_exe()?).arg("comm-worker"));
+    cfg.worlds = w.receivers;
+    cfg.sizes = w.mib.iter().map(|m| m << 20).collect();
+    cfg.iters = w.iters;
+    cfg.warmup = w.warmup;
+    let report = bench_weight_sync(&cfg, w.bucket_mib << 20)?;
+    print!("{}", report.to_table());
+    println!("{}", json!({ "bench": "weight-sync", "report": report }));
     Ok(())
 }
 
