@@ -120,7 +120,7 @@ fn every_mode_trains_each_group_once_within_the_staleness_bound() {
                 if let Ok(text) = std::fs::read_to_string(d.join("status.json")) {
                     let v: Value = serde_json::from_str(&text).unwrap_or(Value::Null);
                     if v["phase"] == "rl" {
-                        return Some(http_get(v["details"]["metrics_addr"].as_str().unwrap(), "/metrics"));
+                        return Some(http_get(v["metrics_addr"].as_str().unwrap(), "/metrics"));
                     }
                 }
                 std::thread::sleep(std::time::Duration::from_millis(100));
