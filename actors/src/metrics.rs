@@ -156,6 +156,10 @@ metrics! {
         "Policy version each actor holds.";
     weight_sync_seconds: Histogram buckets prometheus::exponential_buckets(0.001, 4.0, 10).expect("valid buckets") => "rlmesh_weight_sync_seconds",
         "Seconds to move one policy version to every rollout actor, digest checks included.";
+    warmup_step: Gauge => "rlmesh_warmup_step",
+        "SFT warm-up steps done.";
+    warmup_loss: Gauge => "rlmesh_warmup_loss",
+        "Loss of the last SFT warm-up step.";
     learner_step: Gauge => "rlmesh_learner_step",
         "Optimizer steps done.";
     learner_loss: Gauge => "rlmesh_learner_loss",

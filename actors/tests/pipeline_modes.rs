@@ -92,6 +92,11 @@ fn check_run(dir: &Path, summary: &Summary, bound: u64) {
     }
     let rows: Vec<Value> = std::fs::read_to_string(dir.join("metrics.jsonl")).unwrap().lines().map(|l| serde_json::from_str(l).unwrap()).collect();
     assert_eq!(rows.len(), 3);
+    // Progress reaches a file too (logs, Slurm), each long phase's lines with an ETA.
+    let log = std::fs::read_to_string(dir.join("progress.log")).unwrap();
+    assert!(log.lines().any(|l| l.contains("] sft 1/") && l.contains("ETA")), "{log}");
+    assert!(log.lines().any(|l| l.contains("] rl 3/3 ") && l.contains("ETA 0m00s")), "{log}");
+    assert!(log.lines().any(|l| l.contains("done: held-out success")), "{log}");
     for r in &rows {
         assert!(r["staleness_max"].as_u64().unwrap() <= bound, "{r}");
     }
@@ -144,7 +149,10 @@ fn every_mode_trains_each_group_once_within_the_staleness_bound() {
             check_run(&kept[0], &summary, bound);
             std::fs::remove_dir_all(&kept[0]).unwrap();
             let body = scraper.join().unwrap().expect("the run reached the rl phase and served /metrics");
-            for series in ["rlmesh_learner_loss", "rlmesh_reward_component", "rlmesh_trajectory_success", "rlmesh_groups_trained_total", "rlmesh_staleness_bucket", "rlmesh_weight_sync_seconds_count"] {
+            // The warm-up's progress is on /metrics too (it is most of the job).
+            let warmup_steps: f64 = body.lines().find_map(|l| l.strip_prefix("rlmesh_warmup_step ")).and_then(|v| v.trim().parse().ok()).expect("rlmesh_warmup_step");
+            assert!(warmup_steps >= 1.0, "{body}");
+            for series in ["rlmesh_warmup_loss", "rlmesh_learner_loss", "rlmesh_reward_component", "rlmesh_trajectory_success", "rlmesh_groups_trained_total", "rlmesh_staleness_bucket", "rlmesh_weight_sync_seconds_count"] {
                 assert!(body.contains(series), "/metrics lacks {series}:\n{body}");
             }
         }

@@ -12,6 +12,10 @@ impl CliError {
     pub fn usage(e: impl Into<anyhow::Error>) -> Self {
         CliError { code: 2, inner: e.into() }
     }
+    /// A run that stopped on SIGTERM after its checkpoint: exit 143 (128 + SIGTERM), as schedulers expect of a terminated job.
+    pub fn terminated(e: impl Into<anyhow::Error>) -> Self {
+        CliError { code: 143, inner: e.into() }
+    }
     /// The exit code.
     pub fn exit_code(&self) -> u8 {
         self.code

@@ -92,6 +92,8 @@ until grep -q '"phase":"rl"' "$D/status.json" 2>/dev/null; do
 done
 "$L" down --run-dir "$D"; echo "case down rc=$?"
 wait $J; echo "case job rc=$?"
+echo "case phase $(grep -o '"phase":"[a-z]*"' "$D/status.json")"
+grep -o 'SIGTERM: stopped at RL step [0-9]*' "$D/progress.log" | sed 's/^/case log /'
 "#;
 
 #[test]
@@ -105,4 +107,9 @@ fn down_stops_a_real_job() {
     let Some(out) = in_pid_namespace(JOB, &args) else { return };
     assert!(out.contains("case down rc=0") && out.contains("sent SIGTERM to pid") && out.contains("stopped after"), "{out}");
     assert!(out.contains("case job rc=143"), "ended by SIGTERM: {out}");
+    // It checkpointed at the step it stopped on, said so in its log, and left status "stopped".
+    assert!(out.contains(r#"case phase "phase":"stopped""#), "{out}");
+    let stopped_at: u64 = out.lines().find_map(|l| l.strip_prefix("case log SIGTERM: stopped at RL step")).and_then(|n| n.trim().parse().ok()).unwrap_or_else(|| panic!("no stop line in progress.log: {out}"));
+    let state: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(run.join("checkpoints/latest/state.json")).unwrap()).unwrap();
+    assert_eq!(state["meta"]["data_cursor"]["step"], stopped_at, "the newest checkpoint is of the step it stopped on: {state}");
 }

@@ -120,6 +120,9 @@ pub enum RunError {
     /// directory, nothing to resume, another recipe, a port in use): the user's to fix.
     #[error("{0}")]
     Refused(String),
+    /// Stopped on request (SIGTERM, e.g. from `launcher down`), after a checkpoint where one can be taken.
+    #[error("{0}")]
+    Stopped(String),
     /// An actor failed beyond recovery.
     #[error("{actor}: {message}")]
     Actor {
@@ -280,17 +283,111 @@ pub fn train_batch(groups: &[ScoredGroup], scale: ScaleRewards) -> TrainBatch {
     TrainBatch { sequences }
 }
 
+/// Progress of the job: lines on stderr and in `RUN_DIR/progress.log` (logs and
+/// Slurm read files), at least every [`Progress::EVERY`] during long phases, and
+/// on a terminal a live bar with the step, the figures and the ETA.
 struct Progress {
     on: bool,
     start: Instant,
+    log: Mutex<Option<std::fs::File>>,
+    last: Mutex<Instant>,
+    bar: Mutex<Option<indicatif::ProgressBar>>,
 }
 
 impl Progress {
+    /// The longest gap between two lines in a long phase.
+    const EVERY: Duration = Duration::from_secs(30);
+
+    fn new(on: bool, start: Instant) -> Progress {
+        Progress { on, start, log: Mutex::new(None), last: Mutex::new(start), bar: Mutex::new(None) }
+    }
+
+    /// From now on every line is also appended to `dir/progress.log`.
+    fn attach_log(&self, dir: &Path) {
+        let f = std::fs::OpenOptions::new().create(true).append(true).open(dir.join("progress.log")).ok();
+        *self.log.lock().expect("progress lock") = f;
+    }
+
     fn line(&self, text: String) {
+        let line = format!("[{:>6.1}s] {text}", self.start.elapsed().as_secs_f64());
         if self.on {
-            eprintln!("[{:>6.1}s] {text}", self.start.elapsed().as_secs_f64());
+            match self.bar.lock().expect("progress lock").as_ref() {
+                Some(bar) => bar.println(&line),
+                None => eprintln!("{line}"),
+            }
+        }
+        if let Some(f) = self.log.lock().expect("progress lock").as_mut() {
+            let _ = writeln!(f, "{line}");
+        }
+        *self.last.lock().expect("progress lock") = Instant::now();
+    }
+
+    /// Whether a long phase is due a line (none for [`Progress::EVERY`]).
+    fn due(&self) -> bool {
+        self.last.lock().expect("progress lock").elapsed() >= Self::EVERY
+    }
+
+    /// A live bar of `len` steps, on a terminal only.
+    fn bar(&self, prefix: &'static str, len: u64, pos: u64) {
+        use std::io::IsTerminal;
+        let mut bar = self.bar.lock().expect("progress lock");
+        if let Some(old) = bar.take() {
+            old.finish_and_clear();
+        }
+        if self.on && std::io::stderr().is_terminal() {
+            let b = indicatif::ProgressBar::new(len).with_position(pos).with_prefix(prefix);
+            if let Ok(style) = indicatif::ProgressStyle::with_template("{prefix:>6} [{bar:30}] {pos}/{len} {msg} · ETA {eta}") {
+                b.set_style(style.progress_chars("=> "));
+            }
+            *bar = Some(b);
         }
     }
+
+    /// Moves the bar (if any) to `pos` with `msg`.
+    fn tick(&self, pos: u64, msg: String) {
+        if let Some(b) = self.bar.lock().expect("progress lock").as_ref() {
+            b.set_position(pos);
+            b.set_message(msg);
+        }
+    }
+
+    fn finish_bar(&self) {
+        if let Some(b) = self.bar.lock().expect("progress lock").take() {
+            b.finish_and_clear();
+        }
+    }
+}
+
+/// Time left for `total` steps when `done` of them took `elapsed` ("?" before the first).
+fn eta(elapsed: Duration, done: u64, total: u64) -> String {
+    if done == 0 {
+        return "?".into();
+    }
+    let left = elapsed.as_secs_f64() / done as f64 * total.saturating_sub(done) as f64;
+    let s = left.round() as u64;
+    if s >= 3600 {
+        format!("{}h{:02}m", s / 3600, s / 60 % 60)
+    } else {
+        format!("{}m{:02}s", s / 60, s % 60)
+    }
+}
+
+/// SIGTERM (what `launcher down` sends) sets the returned flag; the driver
+/// checkpoints at the next step boundary and stops.
+fn stop_on_sigterm() -> Arc<std::sync::atomic::AtomicBool> {
+    let flag = Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let f = flag.clone();
+    match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
+        Ok(mut sig) => {
+            tokio::spawn(async move {
+                if sig.recv().await.is_some() {
+                    f.store(true, std::sync::atomic::Ordering::SeqCst);
+                }
+            });
+        }
+        Err(e) => eprintln!("SIGTERM handler not installed ({e}): launcher down will end the job without a checkpoint"),
+    }
+    flag
 }
 
 /// A fresh run never appends to an earlier run's ledger and logs: a `dir` holding
@@ -432,7 +529,9 @@ pub async fn run(opts: RunOptions) -> Result<Summary, RunError> {
     // threads, and with more of them than cores it stops spin-waiting between
     // parallel regions, which made each warm-up step much slower (measured).
     tch::set_num_threads(1);
-    let progress = Progress { on: opts.progress, start: t0 };
+    let progress = Progress::new(opts.progress, t0);
+    let stop = stop_on_sigterm();
+    let stopping = || stop.load(std::sync::atomic::Ordering::SeqCst);
     let dir = opts.run_dir.clone();
     let recipe = opts.recipe.clone();
     let cfg_path = dir.join("config.json");
@@ -454,6 +553,7 @@ pub async fn run(opts: RunOptions) -> Result<Summary, RunError> {
     status.metrics_addr = Some(metrics_addr.clone());
     std::fs::write(&cfg_path, serde_json::to_string_pretty(&json!({"recipe": recipe, "rollout_actors": opts.rollout_actors})).expect("json"))
         .map_err(io(&cfg_path))?;
+    progress.attach_log(&dir);
     progress.line(format!("run {} → {} (metrics at http://{metrics_addr}/metrics)", recipe.name, dir.display()));
     if let Some(p) = previous {
         progress.line(format!("the run that was in {} is kept in {}", dir.display(), p.display()));
@@ -508,7 +608,16 @@ pub async fn run(opts: RunOptions) -> Result<Summary, RunError> {
     // bucketing: batches of one length are of one task kind, and the warm-up
     // then swings between calling and not calling — measured: 49.5% held-out
     // success after 3,000 bucketed steps vs 76.5% after 1,500 unbucketed ones).
+    let warmup_start = Instant::now();
+    progress.bar("sft", sft_steps, 0);
     for step in 0..sft_steps {
+        if stopping() {
+            progress.finish_bar();
+            write_status(&mut status, &dir, "stopped", 0, 0);
+            let why = format!("SIGTERM during the warm-up (step {step}/{sft_steps}): stopped; a run has no checkpoint before its warm-up ends, so start it again");
+            progress.line(why.clone());
+            return Err(RunError::Stopped(why));
+        }
         let mut seqs = Vec::with_capacity(recipe.sft.batch_size);
         for _ in 0..recipe.sft.batch_size {
             let index = sft_cursor % sft_tasks.len();
@@ -525,10 +634,15 @@ pub async fn run(opts: RunOptions) -> Result<Summary, RunError> {
         let stats: StepStats = ractor::call!(learner, LearnerMsg::Sft, SftBatch { sequences: seqs })
             .map_err(|e| RunError::Actor { actor: "learner", message: e.to_string() })?
             .map_err(actor_err("learner"))?;
-        if step % (sft_steps / 20).max(25) == 0 || step + 1 == sft_steps {
-            progress.line(format!("sft {}/{sft_steps} loss {:.3} ({:.0} tok/s)", step + 1, stats.loss, stats.tokens_per_s));
+        metrics.warmup_step.set((step + 1) as f64);
+        metrics.warmup_loss.set(stats.loss);
+        let eta = eta(warmup_start.elapsed(), step + 1, sft_steps);
+        progress.tick(step + 1, format!("loss {:.3}", stats.loss));
+        if step % (sft_steps / 20).max(25) == 0 || step + 1 == sft_steps || progress.due() {
+            progress.line(format!("sft {}/{sft_steps} loss {:.3} ({:.0} tok/s) ETA {eta}", step + 1, stats.loss, stats.tokens_per_s));
         }
     }
+    progress.finish_bar();
     let resumed: Option<(u64, Cursor)> = if opts.resume {
         let meta = ractor::call!(learner, LearnerMsg::Resume, dir.join("checkpoints"), rl_learner_config(&recipe))
             .map_err(|e| RunError::Actor { actor: "learner", message: e.to_string() })?
@@ -642,6 +756,8 @@ pub async fn run(opts: RunOptions) -> Result<Summary, RunError> {
     let mut gen_tokens = 0usize;
     let mut gen_seconds = 0.0f64;
     let mut publishes: JoinSet<Result<f64, String>> = JoinSet::new();
+    let (rl_start, rl_first) = (Instant::now(), step);
+    progress.bar("rl", steps, step);
     while step < steps {
         // Keep the rollout actors `ahead` steps in front of the learner.
         // Out or waiting, never more than the steps still to train (a stale or lost request is replaced).
@@ -786,13 +902,28 @@ pub async fn run(opts: RunOptions) -> Result<Summary, RunError> {
             status.tokens_per_s = row["tokens_per_s"].as_f64();
             status.staleness_max = Some(max_stale);
             write_status(&mut status, &dir, "rl", step, version);
+            let success = f["trajectory_success"].as_f64().unwrap_or(0.0);
+            progress.tick(step, format!("reward {reward_mean:.3} success {success:.2}"));
             progress.line(format!(
-                "rl {step}/{steps} v{version} reward {:.3} success {:.2} tool {:.2} unnecessary {:.2} repeated {:.2} | {:.0} gen tok/s | stale ≤{max_stale}",
-                reward_mean, f["trajectory_success"].as_f64().unwrap_or(0.0), f["tool_call_rate"].as_f64().unwrap_or(0.0),
-                f["unnecessary_tool_rate"].as_f64().unwrap_or(0.0), f["repeated_call_rate"].as_f64().unwrap_or(0.0), row["tokens_per_s"].as_f64().unwrap_or(0.0)
+                "rl {step}/{steps} v{version} reward {:.3} success {:.2} tool {:.2} unnecessary {:.2} repeated {:.2} | {:.0} gen tok/s | stale ≤{max_stale} | ETA {}",
+                reward_mean, success, f["tool_call_rate"].as_f64().unwrap_or(0.0),
+                f["unnecessary_tool_rate"].as_f64().unwrap_or(0.0), f["repeated_call_rate"].as_f64().unwrap_or(0.0), row["tokens_per_s"].as_f64().unwrap_or(0.0),
+                eta(rl_start.elapsed(), step - rl_first, steps - rl_first)
             ));
+            if stopping() && step < steps {
+                progress.finish_bar();
+                if step % recipe.rl.checkpoint_every != 0 {
+                    let c = Cursor::at(step, cursor, &metrics_log, &rollouts_log, &after_warmup, &after_warmup_sampled, &ledger, wall(&t0));
+                    checkpoint(&driver.learner, &dir, version, &c).await?;
+                }
+                write_status(&mut status, &dir, "stopped", step, version);
+                let why = format!("SIGTERM: stopped at RL step {step}/{steps} after a checkpoint; `launcher up … --resume --run-dir {}` continues it", dir.display());
+                progress.line(why.clone());
+                return Err(RunError::Stopped(why));
+            }
         }
     }
+    progress.finish_bar();
     // Requests still out: their groups are not trained in this run.
     while let Some(joined) = inflight.join_next().await {
         if let Ok((groups, _)) = joined {

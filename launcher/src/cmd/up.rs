@@ -81,6 +81,7 @@ pub fn up(a: UpArgs) -> CliResult {
     let rt = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build().usage("starting the runtime")?;
     let summary = rt.block_on(run(opts)).map_err(|e| match e {
         RunError::Refused(_) => CliError::usage(e),
+        RunError::Stopped(_) => CliError::terminated(e),
         e => CliError::from(e),
     })?;
     println!("{}", serde_json::to_string_pretty(&summary)?);
