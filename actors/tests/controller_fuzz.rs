@@ -8,22 +8,20 @@ use rlmesh_actors::controller::topology::{Topology, MAX_PROCESSES};
 use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::path::PathBuf;
 
-/// splitmix64: a small deterministic generator.
-struct Rng(u64);
+mod learner_common;
+use learner_common::Rng;
 
-impl Rng {
-    fn next(&mut self) -> u64 {
-        self.0 = self.0.wrapping_add(0x9E37_79B9_7F4A_7C15);
-        let mut z = self.0;
-        z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
-        z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
-        z ^ (z >> 31)
-    }
-    fn below(&mut self, n: usize) -> usize {
-        (self.next() % n.max(1) as u64) as usize
-    }
+/// Uniform index below `n`, and a uniform pick.
+trait Draw {
+    fn below(&mut self, n: usize) -> usize;
     fn pick<'a>(&mut self, xs: &[&'a str]) -> &'a str {
         xs[self.below(xs.len())]
+    }
+}
+
+impl Draw for Rng {
+    fn below(&mut self, n: usize) -> usize {
+        ((self.next() * n as f64) as usize).min(n.saturating_sub(1))
     }
 }
 

@@ -238,7 +238,7 @@ pub fn render(a: RenderArgs) -> CliResult {
             )));
         }
     }
-    let (text, ids) = tok.render_ids(messages, tools, add).usage("rendering the chat template")?;
+    let (text, ids) = tok.render_ids(messages, tools, add).usage(format!("{file}: rendering the chat template"))?;
     println!("{}", json!({"text": text, "token_ids": ids}));
     Ok(())
 }
