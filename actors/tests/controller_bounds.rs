@@ -106,3 +106,11 @@ fn a_configuration_file_past_16_mib_is_refused_before_it_is_read() {
     let e = Recipe::load(&path).unwrap_err().to_string();
     assert!(e.contains("more than the 16 MiB"), "{e}");
 }
+
+#[test]
+fn the_tiny_models_size_is_bounded_as_a_whole() {
+    // Each within its own bound, together 16384² × 12 × 256 ≈ 8e11 parameters.
+    let e = recipe_error("reward = \"process\"\n[tasks]\nsize = 64\n[model]\nhidden = 16384\nlayers = 256\nheads = 128\nkv_heads = 8\n");
+    assert!(e.contains("field \"model.hidden\": the tiny model would have") && e.contains("more than 2^30"), "{e}");
+    assert!(Recipe::parse("ok.toml", "reward = \"process\"\n[tasks]\nsize = 64\n[model]\nhidden = 1024\nlayers = 8\n").is_ok());
+}

@@ -72,6 +72,9 @@ pub mod bounds {
     pub const MAX_STALENESS: u64 = 1024;
     /// `rl.steps` and `sft.steps` ≤ 10^9: past a year of 30 ms steps; step counters and ETAs stay exact.
     pub const STEPS: u64 = 1_000_000_000;
+    /// The tiny model's parameters ≤ 2^30: it is created and trained in f32 on
+    /// the CPU, so 4 GiB of weights and 16 GiB with gradients and Adam's state.
+    pub const TINY_PARAMETERS: f64 = (1u64 << 30) as f64;
 }
 
 /// What a run trains.
@@ -548,6 +551,18 @@ impl Recipe {
         }
         if m.heads % m.kv_heads != 0 {
             return Err(Invalid::new("model.kv_heads", format!("must divide model.heads ({}), got {}", m.heads, m.kv_heads)));
+        }
+        if self.tiny_model() {
+            // Embedding (task tokenizer only: SmolLM2's is 49152 rows), then per layer q, o, k, v and the 3×-wide MLP.
+            let h = m.hidden as f64;
+            let vocab = if m.tokenizer == "task" { m.vocab_size as f64 } else { 49_152.0 };
+            let params = vocab * h + m.layers as f64 * (2.0 * h * h + 2.0 * h * h * m.kv_heads as f64 / m.heads as f64 + 9.0 * h * h);
+            if params > bounds::TINY_PARAMETERS {
+                return Err(Invalid::new(
+                    "model.hidden",
+                    format!("the tiny model would have {params:.3e} parameters, more than 2^30 (it is trained in f32 on the CPU: 16 GiB with Adam's state); lower model.hidden or model.layers"),
+                ));
+            }
         }
         let t = &self.tasks;
         at_least("tasks.size", t.size as f64, 1.0)?;
