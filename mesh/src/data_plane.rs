@@ -90,7 +90,12 @@ pub enum DataPlaneError {
 pub struct DataPlaneStats {
     delivered: AtomicU64,
     refused: [AtomicU64; REFUSAL_REASONS.len()],
+    /// When each reason was last logged, and how many refusals went unlogged since.
+    logged: std::sync::Mutex<[(Option<Instant>, u64); REFUSAL_REASONS.len()]>,
 }
+
+/// A refusal reason is logged at most once per this interval (with a count of the ones in between).
+const LOG_EVERY: Duration = Duration::from_secs(10);
 
 impl DataPlaneStats {
     /// Messages delivered (inbox) or sent (outbox).
@@ -108,10 +113,24 @@ impl DataPlaneStats {
         REFUSAL_REASONS.iter().zip(&self.refused).map(|(r, c)| (*r, c.load(Ordering::Relaxed))).collect()
     }
 
-    fn refuse(&self, e: &FrameError) {
-        if let Some(i) = REFUSAL_REASONS.iter().position(|r| *r == e.reason()) {
-            self.refused[i].fetch_add(1, Ordering::Relaxed);
+    pub(crate) fn delivered_one(&self) {
+        self.delivered.fetch_add(1, Ordering::Relaxed);
+    }
+
+    /// Counts a refusal and logs it (`what` names the place and the peer), at most once per reason per 10 s.
+    pub(crate) fn refuse(&self, e: &FrameError, what: impl FnOnce() -> String) {
+        let Some(i) = REFUSAL_REASONS.iter().position(|r| *r == e.reason()) else { return };
+        self.refused[i].fetch_add(1, Ordering::Relaxed);
+        let mut logged = self.logged.lock().expect("log lock");
+        let (last, skipped) = &mut logged[i];
+        if last.is_some_and(|t| t.elapsed() < LOG_EVERY) {
+            *skipped += 1;
+            return;
         }
+        let more = if *skipped > 0 { format!(" ({} more like it since the last line)", *skipped) } else { String::new() };
+        eprintln!("{} ({}): {e}{more}", what(), e.reason());
+        *last = Some(Instant::now());
+        *skipped = 0;
     }
 }
 
@@ -230,9 +249,9 @@ fn receive_loop<M: WireMessage>(s: zmq::Socket, codec: FrameCodec, tx: mpsc::Sen
                 }
             }
             Err(e) => {
-                stats.refuse(&e);
+                let len = msg.len();
                 let peer = msg.gets("Peer-Address").unwrap_or("unknown peer").to_string();
-                eprintln!("[data-plane] {endpoint}: refused a {}-byte frame from {peer} ({}): {e}", msg.len(), e.reason());
+                stats.refuse(&e, || format!("[data-plane] {endpoint}: refused a {len}-byte frame from {peer}"));
             }
         }
     }

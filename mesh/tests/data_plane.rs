@@ -4,6 +4,8 @@
 //! a sender or a receiver process instead of running the tests (a custom
 //! harness, so every peer is a real OS process with its own sockets). The run
 //! cookie reaches peers through the environment, never through argv.
+mod common;
+
 use rlmesh_mesh::cookie::{Cookie, COOKIE_ENV};
 use rlmesh_mesh::data_plane::{DataPlaneConfig, DataPlaneError, Inbox, Outbox};
 use rlmesh_mesh::frame::{FrameCodec, WireMessage};
@@ -198,31 +200,9 @@ fn main() {
         peer(&role);
         return;
     }
-    let tests: [(&str, fn()); 3] = [
+    common::run(&[
         ("two_processes_feed_one_inbox", two_processes_feed_one_inbox),
         ("bad_frames_are_refused_counted_and_logged", bad_frames_are_refused_counted_and_logged),
         ("queues_are_bounded", queues_are_bounded),
-    ];
-    let filter: Vec<String> = std::env::args().skip(1).filter(|a| !a.starts_with('-')).collect();
-    let (mut passed, mut failed) = (0, 0);
-    for (name, f) in tests {
-        if !filter.is_empty() && !filter.iter().any(|p| name.contains(p.as_str())) {
-            continue;
-        }
-        let t0 = Instant::now();
-        match std::panic::catch_unwind(f) {
-            Ok(()) => {
-                passed += 1;
-                println!("test {name} ... ok ({:.2} s)", t0.elapsed().as_secs_f64());
-            }
-            Err(_) => {
-                failed += 1;
-                println!("test {name} ... FAILED");
-            }
-        }
-    }
-    println!("{passed} passed, {failed} failed");
-    if failed > 0 {
-        std::process::exit(101);
-    }
+    ]);
 }

@@ -37,6 +37,9 @@ pub struct RolloutSupervisor;
 /// The supervisor takes no messages of its own; it only handles supervision events.
 pub enum SupervisorMsg {}
 
+// In-process only: never serialised (ractor's `cluster` feature asks every message type to say so).
+impl ractor::Message for SupervisorMsg {}
+
 impl RolloutSupervisor {
     async fn start(myself: &ActorRef<SupervisorMsg>, args: &RolloutArgs, i: usize) -> Result<ActorRef<RolloutMsg>, ActorProcessingErr> {
         let (r, _) = Actor::spawn_linked(Some(format!("rollout-{i}-{}", uniq())), RolloutActor, args.clone(), myself.get_cell()).await?;

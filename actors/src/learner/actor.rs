@@ -25,6 +25,9 @@ pub enum LearnerMsg {
     Resume(PathBuf, LearnerConfig, RpcReplyPort<Result<CheckpointMeta, String>>),
 }
 
+// In-process only: never serialised (ractor's `cluster` feature asks every message type to say so).
+impl ractor::Message for LearnerMsg {}
+
 /// Start-up arguments of the learner actor.
 #[derive(Clone)]
 pub struct LearnerArgs {

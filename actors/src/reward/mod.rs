@@ -67,6 +67,9 @@ pub enum RewardMsg {
     Score(Vec<Group>, RpcReplyPort<Vec<ScoredGroup>>),
 }
 
+// In-process only: never serialised (ractor's `cluster` feature asks every message type to say so).
+impl ractor::Message for RewardMsg {}
+
 /// The reward actor.
 pub struct RewardActor;
 

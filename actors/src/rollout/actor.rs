@@ -55,6 +55,9 @@ pub enum RolloutMsg {
     LoadWeights(WeightUpdate, RpcReplyPort<Result<WeightAck, String>>),
 }
 
+// In-process only: never serialised (ractor's `cluster` feature asks every message type to say so).
+impl ractor::Message for RolloutMsg {}
+
 /// Start-up arguments of a rollout actor.
 #[derive(Clone)]
 pub struct RolloutArgs {

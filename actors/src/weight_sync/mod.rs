@@ -136,6 +136,9 @@ pub enum WeightSyncMsg {
     Publish(WeightUpdate, Vec<ActorRef<RolloutMsg>>, RpcReplyPort<()>, RpcReplyPort<Result<f64, String>>),
 }
 
+// In-process only: never serialised (ractor's `cluster` feature asks every message type to say so).
+impl ractor::Message for WeightSyncMsg {}
+
 /// The weight-sync actor (stateless between versions).
 pub struct WeightSync;
 

@@ -8,19 +8,7 @@ pub mod status;
 pub mod up;
 
 use crate::error::{CliResult, UsageContext};
-use std::io::Read;
 use std::path::Path;
-
-/// Read a file, or standard input for `-`.
-pub fn read_input(path: &Path) -> CliResult<String> {
-    if path == Path::new("-") {
-        let mut s = String::new();
-        std::io::stdin().read_to_string(&mut s).usage("reading standard input")?;
-        Ok(s)
-    } else {
-        std::fs::read_to_string(path).usage(format!("{}: cannot read", path.display()))
-    }
-}
 
 /// Load a model and its tokenizer from a directory on the CPU.
 pub fn load_model(dir: &Path) -> CliResult<(rlmesh_model::Transformer, rlmesh_model::Tokenizer)> {
