@@ -41,7 +41,7 @@ pub struct RunStatus {
     pub boot_id: Option<String>,
     /// The job's host name.
     pub host: String,
-    /// `warmup`, `rl`, `eval` or `done`.
+    /// `warmup`, `rl`, `eval`, `done`, or `stopped` (on SIGTERM, after a checkpoint where one can be taken).
     pub phase: String,
     /// RL steps trained.
     pub step: u64,
