@@ -23,6 +23,7 @@ pub mod controller;
 pub mod device;
 pub mod learner;
 pub mod metrics;
+pub mod node;
 pub mod reward;
 pub mod rollout;
 pub mod warmup;

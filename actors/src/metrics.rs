@@ -182,6 +182,12 @@ metrics! {
         "Prompt groups the learner trained on.";
     groups_dropped_total: IntCounterVec["reason"] => "rlmesh_groups_dropped_total",
         "Prompt groups dropped without training (reason: stale, failed, …).";
+    frames_refused_total: IntCounterVec["plane", "reason"] => "rlmesh_frames_refused_total",
+        "Frames this process refused (plane: control or data; reason: malformed, version, kind, too_large, unauthenticated, payload); each is named in its log.";
+    control_sessions_refused_total: IntCounter => "rlmesh_control_sessions_refused_total",
+        "Control-plane connections that never authenticated (a wrong cookie, or not rlmesh).";
+    peers_lost_total: IntCounterVec["peer"] => "rlmesh_peers_lost_total",
+        "Processes this one declared lost (silent past the heartbeat deadline).";
 }
 
 impl Default for Metrics {

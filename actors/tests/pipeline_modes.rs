@@ -56,6 +56,7 @@ fn options(dir: &Path, mode: &str, panic_on: Option<u64>) -> RunOptions {
         progress: false,
         eval_limit: Some(4),
         resume: false,
+        fleet: None,
     }
 }
 

@@ -42,6 +42,8 @@ enum Command {
     Reward(cmd::inspect::RewardArgs),
     /// Benchmarks, each printing the ratio against its peer measured in the same run.
     Bench(cmd::bench::BenchArgs),
+    /// One process of a distributed run, started by `up` (its place comes from the plan's RLMESH_* environment).
+    Node,
     /// Internal: one collective rank for `bench allreduce` (rlmesh_comm's worker flags).
     #[command(hide = true, disable_help_flag = true)]
     CommWorker {
@@ -67,6 +69,7 @@ fn main() -> ExitCode {
         Command::Status(a) => cmd::status::status(a),
         Command::Down(a) => cmd::status::down(a),
         Command::Report(a) => cmd::report::run(a),
+        Command::Node => cmd::up::node(),
         Command::CommWorker { args } => return rlmesh_comm::worker_main(args),
         Command::Score(a) => cmd::inspect::score(a),
         Command::Render(a) => cmd::inspect::render(a),

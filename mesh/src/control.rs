@@ -21,9 +21,12 @@
 //!   its TCP connection stays open (a stopped or wedged process);
 //! - **bounded queues**: `ractor_cluster`'s writer queue is unbounded, so a
 //!   sender may have at most [`ControlConfig::window`] messages to one peer
-//!   that the peer has not acknowledged (acknowledgements ride on the
+//!   that the peer has not consumed (acknowledgements ride on the
 //!   heartbeats); past that, [`ControlNode::send`] says
-//!   [`ControlError::Full`]. The receiving side is a bounded channel.
+//!   [`ControlError::Full`]. A message counts as received when the consumer
+//!   takes it ([`ControlNode::recv`]), so a receiver holds at most `window`
+//!   messages per peer, and its inbox never waits on a slow consumer: its
+//!   heartbeats are read however busy it is.
 //!
 //! Sessions that open but never authenticate (a wrong cookie, or garbage on
 //! the port) are counted and logged with the peer's address.
@@ -52,9 +55,9 @@ pub struct ControlConfig {
     pub heartbeat: Duration,
     /// A peer silent this long is declared lost.
     pub deadline: Duration,
-    /// Most unacknowledged messages to one peer.
+    /// Most unconsumed messages to one peer.
     pub window: u64,
-    /// Capacity of the channels to the consumer.
+    /// Capacity of the peer-event channel (messages are bounded by `window` per peer).
     pub queue: usize,
 }
 
@@ -113,6 +116,15 @@ pub enum PeerEvent {
     Lost(String),
     /// Heard from again after being lost.
     Back(String),
+}
+
+/// What [`ControlNode::next`] returns.
+#[derive(Debug)]
+pub enum Incoming<M> {
+    /// A message and its sender.
+    Message(String, M),
+    /// Something happened to a peer.
+    Peer(PeerEvent),
 }
 
 /// The envelope every control frame carries.
@@ -181,7 +193,7 @@ struct ControlInbox<M: WireMessage>(PhantomData<fn() -> M>);
 
 struct InboxArgs<M> {
     shared: Arc<Shared>,
-    tx: mpsc::Sender<(String, M)>,
+    tx: mpsc::UnboundedSender<(String, M)>,
 }
 
 impl<M: WireMessage> Actor for ControlInbox<M> {
@@ -210,21 +222,12 @@ impl<M: WireMessage> Actor for ControlInbox<M> {
                 Err(e) => refuse(e),
                 Ok(m) => {
                     let ev = sh.peer_heard(&from);
-                    let ack_now = {
-                        let mut peers = sh.peers.lock().expect("peers lock");
-                        let p = peers.get_mut(&from).expect("just heard");
-                        p.received += 1;
-                        p.received % (sh.cfg.window / 4).max(1) == 0
-                    };
                     sh.event(ev);
-                    if ack_now {
-                        heartbeat_to(sh, &from);
-                    }
                     sh.stats.delivered_one();
-                    // Bounded: a slow consumer makes the inbox wait, and the peers' windows fill.
-                    if st.tx.send((from, m)).await.is_err() {
-                        return Ok(());
-                    }
+                    // Never blocks, so heartbeats are read however slow the consumer is. The
+                    // queue is still bounded: a message is acknowledged when it is consumed
+                    // (`ControlNode::recv`), and each peer may have `window` unacknowledged.
+                    let _ = st.tx.send((from, m));
                 }
             },
         }
@@ -275,7 +278,7 @@ pub struct ControlNode<M: WireMessage> {
     shared: Arc<Shared>,
     server: ActorRef<NodeServerMessage>,
     inbox: ActorRef<Vec<u8>>,
-    rx: mpsc::Receiver<(String, M)>,
+    rx: mpsc::UnboundedReceiver<(String, M)>,
     events: mpsc::Receiver<PeerEvent>,
     beat: tokio::task::JoinHandle<()>,
 }
@@ -309,7 +312,7 @@ impl<M: WireMessage> ControlNode<M> {
                 subscription: Box::new(SessionWatch { shared: shared.clone(), authenticated: Mutex::new(HashSet::new()) }),
             })
             .map_err(|e| fail(e.to_string()))?;
-        let (tx, rx) = mpsc::channel(cfg.queue.max(1));
+        let (tx, rx) = mpsc::unbounded_channel();
         let (inbox, _) = Actor::spawn(None, ControlInbox::<M>(PhantomData), InboxArgs { shared: shared.clone(), tx }).await.map_err(|e| fail(format!("inbox: {e}")))?;
         ractor::pg::join(group(name), vec![inbox.get_cell()]);
         let sh = shared.clone();
@@ -362,24 +365,16 @@ impl<M: WireMessage> ControlNode<M> {
         Ok(())
     }
 
+    /// A cloneable handle that sends as this node (for tasks other than the one receiving).
+    pub fn sender(&self) -> ControlSender<M> {
+        ControlSender { shared: self.shared.clone(), _m: PhantomData }
+    }
+
     /// Sends `msg` to the peer named `peer`: refused over the cap, when the peer is lost, or when its window is full.
     pub fn send(&self, peer: &str, msg: &M) -> Result<(), ControlError> {
-        let body = self.shared.codec.encode(msg)?;
-        let frame = self.shared.codec.encode(&Envelope::Message { from: self.shared.name.clone(), body })?;
-        let inbox = remote_inbox(peer).ok_or_else(|| ControlError::NoPeer(peer.to_string()))?;
-        {
-            let mut peers = self.shared.peers.lock().expect("peers lock");
-            let p = peers.entry(peer.to_string()).or_insert(PeerState { last_seen: Instant::now(), lost: false, sent: 0, acked: 0, received: 0 });
-            if p.lost {
-                return Err(ControlError::Lost(peer.to_string()));
-            }
-            if p.sent - p.acked >= self.shared.cfg.window {
-                return Err(ControlError::Full { peer: peer.to_string(), window: self.shared.cfg.window });
-            }
-            p.sent += 1;
-        }
-        inbox.cast(frame).map_err(|_| ControlError::NoPeer(peer.to_string()))
+        send_as(&self.shared, peer, msg)
     }
+
 
     /// Sends raw bytes to a peer's inbox, bypassing framing (tests of the receiver's checks).
     pub fn send_raw(&self, peer: &str, bytes: Vec<u8>) -> Result<(), ControlError> {
@@ -388,12 +383,41 @@ impl<M: WireMessage> ControlNode<M> {
 
     /// The next message and its sender.
     pub async fn recv(&mut self) -> Option<(String, M)> {
-        self.rx.recv().await
+        let m = self.rx.recv().await;
+        if let Some((from, _)) = &m {
+            self.consumed(from);
+        }
+        m
+    }
+
+    /// Counts a message of `from` as received, and acknowledges every quarter window.
+    fn consumed(&self, from: &str) {
+        let sh = &self.shared;
+        let ack_now = {
+            let mut peers = sh.peers.lock().expect("peers lock");
+            let Some(p) = peers.get_mut(from) else { return };
+            p.received += 1;
+            p.received % (sh.cfg.window / 4).max(1) == 0
+        };
+        if ack_now {
+            heartbeat_to(sh, from);
+        }
     }
 
     /// The next peer event.
     pub async fn next_event(&mut self) -> Option<PeerEvent> {
         self.events.recv().await
+    }
+
+    /// The next message or peer event, whichever comes first (`None`: the node stopped).
+    pub async fn next(&mut self) -> Option<Incoming<M>> {
+        tokio::select! {
+            m = self.rx.recv() => m.map(|(from, msg)| {
+                self.consumed(&from);
+                Incoming::Message(from, msg)
+            }),
+            e = self.events.recv() => e.map(Incoming::Peer),
+        }
     }
 
     /// Refused messages by reason, and messages delivered.
@@ -413,4 +437,46 @@ impl<M: WireMessage> Drop for ControlNode<M> {
         self.inbox.stop(None);
         self.server.stop(None);
     }
+}
+
+/// Sends as a [`ControlNode`] from another task: see [`ControlNode::sender`].
+pub struct ControlSender<M: WireMessage> {
+    shared: Arc<Shared>,
+    _m: PhantomData<fn(M)>,
+}
+
+impl<M: WireMessage> Clone for ControlSender<M> {
+    fn clone(&self) -> Self {
+        ControlSender { shared: self.shared.clone(), _m: PhantomData }
+    }
+}
+
+impl<M: WireMessage> ControlSender<M> {
+    /// As [`ControlNode::send`].
+    pub fn send(&self, peer: &str, msg: &M) -> Result<(), ControlError> {
+        send_as(&self.shared, peer, msg)
+    }
+
+    /// This node's name.
+    pub fn name(&self) -> &str {
+        &self.shared.name
+    }
+}
+
+fn send_as<M: WireMessage>(shared: &Shared, peer: &str, msg: &M) -> Result<(), ControlError> {
+    let body = shared.codec.encode(msg)?;
+    let frame = shared.codec.encode(&Envelope::Message { from: shared.name.clone(), body })?;
+    let inbox = remote_inbox(peer).ok_or_else(|| ControlError::NoPeer(peer.to_string()))?;
+    {
+        let mut peers = shared.peers.lock().expect("peers lock");
+        let p = peers.entry(peer.to_string()).or_insert(PeerState { last_seen: Instant::now(), lost: false, sent: 0, acked: 0, received: 0 });
+        if p.lost {
+            return Err(ControlError::Lost(peer.to_string()));
+        }
+        if p.sent - p.acked >= shared.cfg.window {
+            return Err(ControlError::Full { peer: peer.to_string(), window: shared.cfg.window });
+        }
+        p.sent += 1;
+    }
+    inbox.cast(frame).map_err(|_| ControlError::NoPeer(peer.to_string()))
 }

@@ -6,7 +6,9 @@
 //!
 //! Environment of every process:
 //! - `RLMESH_PROCESS`, `RLMESH_NODE` — its name (`node/process`) and node;
-//! - `RLMESH_CONTROLLER_ADDR` — `host:port` of the controller's control port;
+//! - `RLMESH_HOST` — the address of its host (it binds its data port there);
+//! - `RLMESH_CONTROLLER`, `RLMESH_CONTROLLER_ADDR` — the controller process's
+//!   name and the `host:port` of its control port;
 //! - `RLMESH_CONTROL_PORT`, `RLMESH_DATA_PORT`, `RLMESH_METRICS_PORT` — its own ports;
 //! - `CUDA_VISIBLE_DEVICES` — its GPUs in ascending order (empty: none), so
 //!   an actor's in-process CUDA ordinal is its GPU's position in that list;
@@ -143,10 +145,10 @@ pub fn plan(topology: &Topology) -> Plan {
     let weight_transport = if on_gpu(Role::Learner) && on_gpu(Role::Rollout) { WeightTransport::Nccl } else { WeightTransport::DataPlane };
     let master_host = learners.first().map_or_else(String::new, |l| host_of(&l.node));
     let master = format!("{master_host}:{}", topology.ports.master);
-    let controller = processes
+    let (controller_name, controller) = processes
         .iter()
         .find(|p| p.actors.iter().any(|a| a.role == Role::Controller))
-        .map(|p| format!("{}:{}", p.host, p.ports.control))
+        .map(|p| (p.name.clone(), format!("{}:{}", p.host, p.ports.control)))
         .expect("the controller has a process");
     let world_size = learners.len() as u32;
 
@@ -158,6 +160,8 @@ pub fn plan(topology: &Topology) -> Plan {
         let mut env = BTreeMap::from([
             ("RLMESH_PROCESS".to_string(), p.name.clone()),
             ("RLMESH_NODE".to_string(), p.node.clone()),
+            ("RLMESH_HOST".to_string(), p.host.clone()),
+            ("RLMESH_CONTROLLER".to_string(), controller_name.clone()),
             ("RLMESH_CONTROLLER_ADDR".to_string(), controller.clone()),
             ("RLMESH_CONTROL_PORT".to_string(), p.ports.control.to_string()),
             ("RLMESH_DATA_PORT".to_string(), p.ports.data.to_string()),

@@ -18,6 +18,8 @@ use super::supervisor::{RolloutSlots, RolloutSupervisor, SupervisorArgs};
 use crate::learner::actor::{LearnerActor, LearnerArgs, LearnerMsg};
 use crate::learner::{AdamWConfig, CheckpointMeta, ClipParams, LearnerConfig, LrSchedule, SftBatch, SftSequence, StepStats, TrainBatch, TrainSequence};
 use crate::metrics::{serve, Metrics};
+use crate::node::fleet::{Fleet, FleetSpec, RoleSetup};
+use crate::node::wire::RolloutSetup;
 use crate::reward::{RewardActor, RewardMsg, ScoredGroup};
 use crate::rollout::actor::{Purpose, RolloutArgs, RolloutMsg, RolloutRequest, RolloutResult};
 use crate::rollout::RolloutConfig;
@@ -26,7 +28,7 @@ use crate::weight_sync::{WeightSync, WeightSyncMsg, WeightUpdate};
 use ractor::{Actor, ActorRef};
 use rlmesh_core::advantage::grpo::{grpo_advantages, ScaleRewards};
 use rlmesh_core::tools::{ExecLimits, ToolRegistry};
-use rlmesh_core::{Group, Task};
+use rlmesh_core::Task;
 use rlmesh_model::{SamplingParams, Tokenizer};
 use serde::{Deserialize, Serialize};
 use serde_json::{json, Value};
@@ -64,6 +66,8 @@ pub struct RunOptions {
     /// afresh: groups trained after that checkpoint are rolled back in the ledger and
     /// sent out again with the groups that were in flight, so none is trained twice.
     pub resume: bool,
+    /// The processes other than this one (`None`: every actor runs in this process).
+    pub fleet: Option<FleetSpec>,
 }
 
 /// Write `status.json` (read by `launcher status` / `launcher down`) at `phase`, `step`, `version`.
@@ -549,12 +553,25 @@ pub async fn run(opts: RunOptions) -> Result<Summary, RunError> {
         .map_err(|e| RunError::Refused(format!("/metrics on {} (--metrics-addr, or the topology's ports.metrics): {e}", opts.metrics_addr)))?;
     let metrics_addr = server.local_addr().to_string();
     let (_lock, previous) = claim_run_dir(&dir, opts.resume)?;
-    let mut status = RunStatus::of_this_process(&["controller", "rollout", "reward", "learner", "weight_sync"]);
+    progress.attach_log(&dir);
+    progress.line(format!("run {} → {} (metrics at http://{metrics_addr}/metrics)", recipe.name, dir.display()));
+    // The other processes start now, while this one makes the model.
+    let fleet = match &opts.fleet {
+        Some(spec) => Some(Fleet::launch(spec, &dir, metrics.clone(), &|l| progress.line(l)).await.map_err(RunError::Setup)?),
+        None => None,
+    };
+    let my_roles: Vec<String> = match &fleet {
+        Some(f) => f.controller().actors.iter().map(|a| a.role.to_string()).collect(),
+        None => ["controller", "rollout", "reward", "learner", "weight_sync"].map(String::from).to_vec(),
+    };
+    let mut status = RunStatus::of_this_process(&my_roles.iter().map(String::as_str).collect::<Vec<_>>());
+    if let Some(f) = &fleet {
+        status.processes.extend(f.entries());
+    }
     status.metrics_addr = Some(metrics_addr.clone());
     std::fs::write(&cfg_path, serde_json::to_string_pretty(&json!({"recipe": recipe, "rollout_actors": opts.rollout_actors})).expect("json"))
         .map_err(io(&cfg_path))?;
-    progress.attach_log(&dir);
-    progress.line(format!("run {} → {} (metrics at http://{metrics_addr}/metrics)", recipe.name, dir.display()));
+
     if let Some(p) = previous {
         progress.line(format!("the run that was in {} is kept in {}", dir.display(), p.display()));
     }
@@ -597,9 +614,36 @@ pub async fn run(opts: RunOptions) -> Result<Summary, RunError> {
         seed: recipe.seed,
         ..Default::default()
     };
-    let (learner, _) = Actor::spawn(None, LearnerActor, LearnerArgs { model_dir: model_dir.clone(), config: sft_cfg, threads: cores })
-        .await
-        .map_err(|e| RunError::Setup(format!("learner: {e}")))?;
+    let rollout_cfg = RolloutConfig {
+        group_size: recipe.rl.group_size,
+        max_turns: recipe.rl.max_turns,
+        max_tokens: recipe.rl.max_new_tokens * recipe.rl.max_turns + 256,
+        sampling: SamplingParams { max_new_tokens: recipe.rl.max_new_tokens, temperature: recipe.rl.temperature, ..Default::default() },
+        system_prompt: None,
+    };
+    let hosted = match &fleet {
+        Some(f) => {
+            let roles = RoleSetup {
+                model_dir: model_dir.clone(),
+                rollout: RolloutSetup { tools: recipe.tools.clone(), limits, config: rollout_cfg.clone() },
+                reward: recipe.reward,
+                learner: sft_cfg.clone(),
+            };
+            let h = f.host(&roles).await.map_err(RunError::Setup)?;
+            progress.line(format!("hosted: {} rollout process(es), {} learner rank(s) elsewhere", h.rollouts.len(), h.learner_ranks));
+            Some(h)
+        }
+        None => None,
+    };
+    let learner = match hosted.as_ref().and_then(|h| h.learner.clone()) {
+        Some(remote) => remote,
+        None => {
+            Actor::spawn(None, LearnerActor, LearnerArgs { model_dir: model_dir.clone(), config: sft_cfg, threads: cores, ring: None })
+                .await
+                .map_err(|e| RunError::Setup(format!("learner: {e}")))?
+                .0
+        }
+    };
     let mut rng = recipe.seed ^ 0x5f7;
     let mut sft_cursor = 0usize;
     // Expert conversations are rendered once per (task, strategy) and reused.
@@ -658,16 +702,11 @@ pub async fn run(opts: RunOptions) -> Result<Summary, RunError> {
         None
     };
 
-    // The other actors.
-    let rollout_cfg = RolloutConfig {
-        group_size: recipe.rl.group_size,
-        max_turns: recipe.rl.max_turns,
-        max_tokens: recipe.rl.max_new_tokens * recipe.rl.max_turns + 256,
-        sampling: SamplingParams { max_new_tokens: recipe.rl.max_new_tokens, temperature: recipe.rl.temperature, ..Default::default() },
-        system_prompt: None,
-    };
+    // The other actors (rollout actors in this process: the plan's, or one when there is no other).
+    let remote: Vec<ActorRef<RolloutMsg>> = hosted.as_ref().map(|h| h.rollouts.clone()).unwrap_or_default();
+    let local_rollouts = if remote.is_empty() { opts.rollout_actors.max(1) } else { opts.rollout_actors };
     let slots: RolloutSlots = Arc::new(Mutex::new(vec![]));
-    let actors: Vec<RolloutArgs> = (0..opts.rollout_actors.max(1))
+    let actors: Vec<RolloutArgs> = (0..local_rollouts)
         .map(|i| RolloutArgs {
             model_dir: model_dir.clone(),
             tools: recipe.tools.clone(),
@@ -693,6 +732,7 @@ pub async fn run(opts: RunOptions) -> Result<Summary, RunError> {
         reward,
         weight_sync,
         slots,
+        remote,
         metrics: metrics.clone(),
         latest: None,
         versions: HashMap::new(),
@@ -796,7 +836,7 @@ pub async fn run(opts: RunOptions) -> Result<Summary, RunError> {
                 gen_tokens += res.generated_tokens;
                 gen_seconds += res.seconds;
                 metrics.generated_tokens_total.with_label_values(&["rollout"]).inc_by(res.generated_tokens as u64);
-                let scored = driver.score(res.groups).await?;
+                let scored = driver.score(res).await?;
                 for g in &scored {
                     ledger.scored(g.group.group_id)?;
                 }
@@ -1003,6 +1043,9 @@ pub async fn run(opts: RunOptions) -> Result<Summary, RunError> {
     driver.reward.stop(None);
     driver.weight_sync.stop(None);
     supervisor.stop(None);
+    if let Some(f) = fleet {
+        f.shutdown(Duration::from_secs(10)).await;
+    }
     drop(server);
     Ok(summary)
 }
@@ -1012,6 +1055,8 @@ struct Driver {
     reward: ActorRef<RewardMsg>,
     weight_sync: ActorRef<WeightSyncMsg>,
     slots: RolloutSlots,
+    /// Proxies of the rollout actors in other processes.
+    remote: Vec<ActorRef<RolloutMsg>>,
     metrics: Arc<Metrics>,
     latest: Option<WeightUpdate>,
     /// Version each rollout actor (by id) has been sent.
@@ -1021,7 +1066,8 @@ struct Driver {
 
 impl Driver {
     fn live(&self) -> Vec<ActorRef<RolloutMsg>> {
-        self.slots.lock().expect("slots lock").iter().flatten().filter(|r| r.get_status() == ractor::ActorStatus::Running).cloned().collect()
+        let local: Vec<ActorRef<RolloutMsg>> = self.slots.lock().expect("slots lock").iter().flatten().cloned().collect();
+        local.into_iter().chain(self.remote.iter().cloned()).filter(|r| r.get_status() == ractor::ActorStatus::Running).collect()
     }
 
     async fn snapshot(&mut self, version: u64) -> Result<(), RunError> {
@@ -1081,8 +1127,12 @@ impl Driver {
         Err(RunError::Actor { actor: "rollout", message: "no live rollout actor (restart budget spent?)".into() })
     }
 
-    async fn score(&self, groups: Vec<Group>) -> Result<Vec<ScoredGroup>, RunError> {
-        ractor::call!(self.reward, RewardMsg::Score, groups).map_err(|e| RunError::Actor { actor: "reward", message: e.to_string() })
+    /// The result's groups, scored: by a reward process on their way here, or by this process's reward actor.
+    async fn score(&self, res: RolloutResult) -> Result<Vec<ScoredGroup>, RunError> {
+        if let Some(scored) = res.scored {
+            return Ok(scored);
+        }
+        ractor::call!(self.reward, RewardMsg::Score, res.groups).map_err(|e| RunError::Actor { actor: "reward", message: e.to_string() })
     }
 
     /// One rollout per task (greedy, or sampled as in training), spread over the rollout actors, scored.
@@ -1098,7 +1148,7 @@ impl Driver {
         }
         while let Some(r) = pending.join_next().await {
             let r = r.map_err(|e| RunError::Actor { actor: "rollout", message: e.to_string() })?.map_err(actor_err("rollout"))?;
-            out.extend(self.score(r.groups).await?);
+            out.extend(self.score(r).await?);
         }
         Ok(out)
     }

@@ -84,6 +84,10 @@ pub struct Topology {
     pub reward: Placements,
     /// Where learner ranks run.
     pub learner: Learner,
+    /// How `launcher up` reaches nodes that are not this machine (the system
+    /// `ssh`: user, port, identity file, config file, options); default: plain `ssh HOST`.
+    #[serde(default)]
+    pub ssh: rlmesh_mesh::launch::SshConfig,
 }
 
 /// One machine.

@@ -4,6 +4,7 @@ use super::{CheckpointMeta, Learner, LearnerConfig, SftBatch, StepStats, TrainBa
 use crate::device::DeviceThread;
 use crate::weight_sync::{pack, WeightUpdate};
 use ractor::{Actor, ActorProcessingErr, ActorRef, RpcReplyPort};
+use rlmesh_comm::{Collective, RingComm, RingConfig};
 use rlmesh_model::Transformer;
 use std::path::PathBuf;
 
@@ -37,6 +38,9 @@ pub struct LearnerArgs {
     pub config: LearnerConfig,
     /// Intra-op threads.
     pub threads: i32,
+    /// A data-parallel rank: (rank, world, rank 0's ring address `host:port`);
+    /// `None` is a single learner. Each rank trains on its shard of every batch.
+    pub ring: Option<(usize, usize, String)>,
 }
 
 /// The learner actor.
@@ -48,10 +52,17 @@ impl Actor for LearnerActor {
     type Arguments = LearnerArgs;
 
     async fn pre_start(&self, _myself: ActorRef<Self::Msg>, args: LearnerArgs) -> Result<Self::State, ActorProcessingErr> {
-        let device = DeviceThread::spawn("learner-0", move || -> Result<Learner, String> {
+        let name = format!("learner-{}", args.ring.as_ref().map_or(0, |r| r.0));
+        let device = DeviceThread::spawn(&name, move || -> Result<Learner, String> {
             tch::set_num_threads(args.threads);
+            let comm: Option<Box<dyn Collective>> = match &args.ring {
+                Some((rank, world, addr)) if *world > 1 => {
+                    Some(Box::new(RingComm::connect(RingConfig::new(*rank, *world, addr.clone())).map_err(|e| format!("learner rank {rank}: ring at {addr}: {e}"))?))
+                }
+                _ => None,
+            };
             let model = Transformer::load(&args.model_dir, tch::Device::Cpu, Some(tch::Kind::Float)).map_err(|e| e.to_string())?;
-            Learner::new(model, args.config, None).map_err(|e| e.to_string())
+            Learner::new(model, args.config, comm).map_err(|e| e.to_string())
         })
         .await??;
         Ok(device)
@@ -60,11 +71,21 @@ impl Actor for LearnerActor {
     async fn handle(&self, _myself: ActorRef<Self::Msg>, msg: Self::Msg, device: &mut Self::State) -> Result<(), ActorProcessingErr> {
         match msg {
             LearnerMsg::Sft(batch, reply) => {
-                let out = device.run(move |l| l.sft_step(&batch).map_err(|e| e.to_string())).await?;
+                let out = device
+                    .run(move |l| {
+                        let (rank, world) = l.rank();
+                        l.sft_step(&if world > 1 { batch.shard(rank, world) } else { batch }).map_err(|e| e.to_string())
+                    })
+                    .await?;
                 let _ = reply.send(out);
             }
             LearnerMsg::Train(batch, reply) => {
-                let out = device.run(move |l| l.train_step(&batch).map_err(|e| e.to_string())).await?;
+                let out = device
+                    .run(move |l| {
+                        let (rank, world) = l.rank();
+                        l.train_step(&if world > 1 { batch.shard(rank, world) } else { batch }).map_err(|e| e.to_string())
+                    })
+                    .await?;
                 let _ = reply.send(out);
             }
             LearnerMsg::Configure(config, reply) => {
@@ -76,13 +97,15 @@ impl Actor for LearnerActor {
                 let _ = reply.send(out);
             }
             LearnerMsg::Checkpoint(root, meta, reply) => {
-                let out = device.run(move |l| l.save_checkpoint(&root, &meta).map_err(|e| e.to_string())).await?;
+                // Ranks hold identical state after every step: rank 0 writes for all.
+                let out = device.run(move |l| if l.rank().0 == 0 { l.save_checkpoint(&root, &meta).map_err(|e| e.to_string()) } else { Ok(root) }).await?;
                 let _ = reply.send(out);
             }
             LearnerMsg::Resume(root, config, reply) => {
                 let out = device
                     .run(move |l| {
-                        let r = Learner::resume(&root, config, tch::Device::Cpu, Some(tch::Kind::Float), None).map_err(|e| e.to_string())?;
+                        let comm = l.take_comm();
+                        let r = Learner::resume(&root, config, tch::Device::Cpu, Some(tch::Kind::Float), comm).map_err(|e| e.to_string())?;
                         *l = r.learner;
                         Ok(r.meta)
                     })

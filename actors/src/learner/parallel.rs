@@ -20,6 +20,10 @@ impl DataParallel {
         DataParallel { comm, device }
     }
 
+    pub(crate) fn into_comm(self) -> Box<dyn Collective> {
+        self.comm
+    }
+
     pub(crate) fn rank(&self) -> usize {
         self.comm.rank()
     }

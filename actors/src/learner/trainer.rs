@@ -302,6 +302,11 @@ impl Learner {
         (0..self.params.names.len()).map(|i| (self.params.names[i].clone(), self.params.view(&clipped, i).copy())).collect()
     }
 
+    /// Takes the data-parallel communicator out (to hand it to a resumed learner).
+    pub fn take_comm(&mut self) -> Option<Box<dyn Collective>> {
+        self.dp.take().map(DataParallel::into_comm)
+    }
+
     /// A digest of every trained parameter (policy and value head): equal across ranks after every step.
     pub fn parameter_digest(&self) -> Result<u64> {
         digest_tensors(&self.params.named())

@@ -45,6 +45,10 @@ pub struct RolloutResult {
     pub generated_tokens: usize,
     /// Wall seconds.
     pub seconds: f64,
+    /// The groups scored on their way to the controller (a reward process
+    /// scored them; `groups` is then empty); `None`: not scored yet.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub scored: Option<Vec<crate::reward::ScoredGroup>>,
 }
 
 /// Messages of a rollout actor.
@@ -133,7 +137,7 @@ impl Actor for RolloutActor {
                         let t = std::time::Instant::now();
                         let groups = rollout_groups(&d.model, &d.tokenizer, &d.registry, &req.groups, &cfg, d.version, req.seed).map_err(|e| e.to_string())?;
                         let generated_tokens = groups.iter().flat_map(|g| &g.trajectories).map(|t| t.policy_tokens()).sum();
-                        Ok(RolloutResult { groups, version: d.version, generated_tokens, seconds: t.elapsed().as_secs_f64() })
+                        Ok(RolloutResult { groups, version: d.version, generated_tokens, seconds: t.elapsed().as_secs_f64(), scored: None })
                     })
                     .await?;
                 let _ = reply.send(out);

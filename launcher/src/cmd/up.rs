@@ -12,6 +12,7 @@ use rlmesh_actors::controller::recipe::Recipe;
 use rlmesh_actors::controller::run::{check_resumable, run, RunError, RunOptions};
 use rlmesh_actors::controller::run_dir::RunDirLock;
 use rlmesh_actors::controller::topology::{Device, Role, Topology};
+use rlmesh_actors::node::fleet::FleetSpec;
 use std::path::{Path, PathBuf};
 
 /// Arguments of `launcher up`.
@@ -64,7 +65,15 @@ pub fn up(a: UpArgs) -> CliResult {
         println!("{}", serde_json::to_string_pretty(&recipe)?);
         return Ok(());
     }
-    let rollout_actors = placement.processes.iter().flat_map(|p| &p.actors).filter(|a| a.role == Role::Rollout).count();
+    // Rollout actors in this process: all of them in a single-process topology.
+    let mine = placement.processes.iter().find(|p| p.actors.iter().any(|a| a.role == Role::Controller)).map(|p| p.name.clone());
+    let rollout_actors = placement.processes.iter().filter(|p| Some(&p.name) == mine.as_ref()).flat_map(|p| &p.actors).filter(|a| a.role == Role::Rollout).count();
+    let fleet = (placement.processes.len() > 1).then(|| FleetSpec {
+        plan: placement.clone(),
+        ssh: topology.ssh.clone(),
+        program: std::env::current_exe().unwrap_or_else(|_| PathBuf::from("launcher")),
+        join_timeout: std::time::Duration::from_secs(120),
+    });
     let opts = RunOptions {
         run_dir,
         recipe,
@@ -77,6 +86,7 @@ pub fn up(a: UpArgs) -> CliResult {
         progress: true,
         eval_limit: a.eval_limit,
         resume: a.resume,
+        fleet,
     };
     let rt = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build().usage("starting the runtime")?;
     let summary = rt.block_on(run(opts)).map_err(|e| match e {
@@ -88,30 +98,29 @@ pub fn up(a: UpArgs) -> CliResult {
     Ok(())
 }
 
-/// This build starts single-process CPU topologies only; the error names the
-/// first placement that puts an actor on a GPU or outside the controller's process.
+/// This build starts CPU topologies (in one process or several, on any
+/// hosts); the error names the first placement that puts an actor on a GPU,
+/// or a learner with several ranks in the controller's own process.
 fn check_startable(deploy: &Path, topology: &Topology, placement: &Plan) -> CliResult {
-    let gpus = placement.processes.iter().flat_map(|p| &p.actors).filter(|a| matches!(a.device, Device::Gpu(_))).count();
-    if placement.processes.len() <= 1 && gpus == 0 {
-        return Ok(());
-    }
     let slots = topology.actors();
-    let controller = slots.iter().find(|s| s.role == Role::Controller);
-    let elsewhere = |s: &&rlmesh_actors::controller::topology::ActorSlot| {
-        controller.is_none_or(|c| s.role != Role::Controller && (s.process.is_none() || s.process != c.process || s.node != c.node))
-    };
-    let field = slots
-        .iter()
-        .find(|s| matches!(s.device, Device::Gpu(_)))
-        .or_else(|| slots.iter().find(elsewhere))
-        .map_or_else(|| "processes".to_string(), |s| s.field.clone());
-    Err(CliError::usage(anyhow::anyhow!(
-        "{}: field \"{field}\": {} processes, {} GPU actors — this build starts single-process CPU topologies only (see `launcher plan {}`)",
-        deploy.display(),
-        placement.processes.len(),
-        gpus,
-        deploy.display()
-    )))
+    if let Some(s) = slots.iter().find(|s| matches!(s.device, Device::Gpu(_))) {
+        return Err(CliError::usage(anyhow::anyhow!(
+            "{}: field \"{}\": a GPU actor — this build starts CPU topologies only (the NCCL pipeline is not built yet; see `launcher plan {}`)",
+            deploy.display(),
+            s.field,
+            deploy.display()
+        )));
+    }
+    let controller = placement.processes.iter().find(|p| p.actors.iter().any(|a| a.role == Role::Controller));
+    let local_ranks = controller.map_or(0, |p| p.actors.iter().filter(|a| a.role == Role::Learner).count());
+    if placement.world_size > 1 && local_ranks > 0 {
+        return Err(CliError::usage(anyhow::anyhow!(
+            "{}: [learner] ranks = {}: with more than one rank, each rank needs its own process (not the controller's)",
+            deploy.display(),
+            placement.world_size
+        )));
+    }
+    Ok(())
 }
 
 /// A recipe's `model.path` other than `"tiny"` is a transformers directory with a tokenizer.
@@ -145,4 +154,10 @@ fn check_run_dir(dir: &Path, recipe: &Recipe, resume: bool) -> CliResult {
         check_resumable(dir, recipe).map_err(CliError::usage)?;
     }
     Ok(())
+}
+
+/// `launcher node`: one process of a distributed run (started by `up`).
+pub fn node() -> CliResult {
+    let rt = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build().usage("starting the runtime")?;
+    rt.block_on(rlmesh_actors::node::serve::serve()).map_err(|e| CliError::from(anyhow::anyhow!("launcher node: {e}")))
 }

@@ -1,0 +1,73 @@
+//! The process layer of a distributed run: what crosses between processes,
+//! what a node process hosts, and how the controller starts and talks to them.
+//!
+//! - [`wire`] — the control and data messages (one definition each);
+//! - [`serve`] — `launcher node`: a process hosting rollout, reward or learner actors;
+//! - [`fleet`] — the controller's side: starting the plan's processes
+//!   (`mesh::launch`: children or ssh), the handshake, and the proxy actors
+//!   that stand for remote actors behind the same messages as local ones.
+//!
+//! The run driver ([`crate::controller::run`]) sees actor references only:
+//! whether an actor is in its process or on another host is decided here.
+pub mod fleet;
+pub mod serve;
+pub mod wire;
+
+use crate::metrics::Metrics;
+use rlmesh_mesh::data_plane::{DataPlaneConfig, DataPlaneStats, Outbox};
+use rlmesh_mesh::frame::FrameCodec;
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
+use wire::DataMsg;
+
+/// Outboxes to other processes' data ports, opened on first use.
+#[derive(Clone)]
+pub(crate) struct Outboxes {
+    pub(crate) codec: FrameCodec,
+    pub(crate) open: Arc<Mutex<HashMap<String, Arc<Outbox<DataMsg>>>>>,
+}
+
+impl Outboxes {
+    pub(crate) fn to(&self, endpoint: &str) -> Result<Arc<Outbox<DataMsg>>, String> {
+        let mut open = self.open.lock().expect("outboxes lock");
+        if let Some(o) = open.get(endpoint) {
+            return Ok(o.clone());
+        }
+        let o = Arc::new(Outbox::connect(endpoint, self.codec.clone(), &DataPlaneConfig::default()).map_err(|e| e.to_string())?);
+        open.insert(endpoint.to_string(), o.clone());
+        Ok(o)
+    }
+
+    /// Sends `msg` to `endpoint`; a failure is logged and returned.
+    pub(crate) async fn send(&self, endpoint: &str, msg: DataMsg) -> Result<(), String> {
+        let out = self.to(endpoint).map_err(|e| format!("cannot open the data plane to {endpoint}: {e}"))?;
+        out.send(&msg).await.map_err(|e| format!("sending to {endpoint} failed: {e}")).inspect_err(|e| eprintln!("[data] {e}"))
+    }
+}
+
+
+/// Copies the mesh's refusal counters into the process's metrics (they only grow).
+#[derive(Default)]
+pub(crate) struct RefusalMirror {
+    seen: HashMap<(&'static str, &'static str), u64>,
+    sessions: u64,
+}
+
+impl RefusalMirror {
+    pub(crate) fn frames(&mut self, m: &Metrics, plane: &'static str, stats: &DataPlaneStats) {
+        for (reason, n) in stats.refusals() {
+            let prev = self.seen.entry((plane, reason)).or_default();
+            if n > *prev {
+                m.frames_refused_total.with_label_values(&[plane, reason]).inc_by(n - *prev);
+                *prev = n;
+            }
+        }
+    }
+
+    pub(crate) fn sessions(&mut self, m: &Metrics, n: u64) {
+        if n > self.sessions {
+            m.control_sessions_refused_total.inc_by(n - self.sessions);
+            self.sessions = n;
+        }
+    }
+}

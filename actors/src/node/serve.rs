@@ -1,0 +1,349 @@
+//! `launcher node`: one process of a distributed run, hosting the actors the
+//! controller gives it.
+//!
+//! The process reads its place from the environment the plan wrote
+//! ([`crate::controller::plan`]) and its cookie from `RLMESH_COOKIE_FILE` or
+//! `RLMESH_COOKIE`. It joins the controller's control plane, binds its data
+//! port, says [`Hello`], and waits for a [`NodeSetup`]. Then it serves:
+//!
+//! - a **rollout** actor: [`ControlMsg::Generate`] runs the tool loop and
+//!   sends the groups to the named reward endpoint; [`DataMsg::Weights`] loads
+//!   a version between requests (digest-checked) and answers on the control plane;
+//! - a **reward** actor: [`DataMsg::Groups`] are scored and go on to the controller;
+//! - a **learner** rank: every [`DataMsg::Learner`] call runs on this rank's
+//!   shard; gradients are all-reduced with the other ranks over `comm`'s ring.
+//!
+//! Messages to one actor are enqueued in the order they arrive, so a version
+//! sent before a request is loaded before it. The process leaves on
+//! [`ControlMsg::Stop`], on SIGTERM, or when the controller is lost (silent
+//! past the heartbeat deadline): a node never outlives its run.
+use super::wire::*;
+use super::{Outboxes, RefusalMirror};
+use crate::metrics::{serve as serve_metrics, Metrics};
+use crate::learner::actor::{LearnerActor, LearnerArgs, LearnerMsg};
+use crate::reward::score_group;
+use crate::rollout::actor::{RolloutActor, RolloutArgs, RolloutMsg, RolloutRequest, RolloutResult};
+use ractor::{Actor, ActorRef};
+use rlmesh_mesh::control::{ControlConfig, ControlNode, ControlSender, Incoming, PeerEvent};
+use rlmesh_mesh::cookie::Cookie;
+use rlmesh_mesh::data_plane::{DataPlaneConfig, Inbox};
+use rlmesh_mesh::frame::FrameCodec;
+use std::sync::atomic::AtomicU64;
+use std::sync::Arc;
+use std::time::Duration;
+
+/// Where this process is, from the plan's environment.
+#[derive(Clone, Debug)]
+pub struct NodeEnv {
+    /// `node/process`.
+    pub process: String,
+    /// This host's address (the data port is bound there).
+    pub host: String,
+    /// The controller process's name.
+    pub controller: String,
+    /// The controller's control port, `host:port`.
+    pub controller_addr: String,
+    /// This process's control port.
+    pub control_port: u16,
+    /// This process's data port.
+    pub data_port: u16,
+    /// This process's `/metrics` port.
+    pub metrics_port: u16,
+}
+
+impl NodeEnv {
+    /// Reads `RLMESH_PROCESS`, `RLMESH_HOST`, `RLMESH_CONTROLLER`,
+    /// `RLMESH_CONTROLLER_ADDR`, `RLMESH_CONTROL_PORT` and `RLMESH_DATA_PORT`.
+    pub fn from_env() -> Result<NodeEnv, String> {
+        let var = |k: &str| std::env::var(k).map_err(|_| format!("{k} is not set (`launcher node` is started by `launcher up`, which sets it)"));
+        let port = |k: &str| -> Result<u16, String> { var(k)?.parse().map_err(|_| format!("{k}: not a port")) };
+        Ok(NodeEnv {
+            process: var("RLMESH_PROCESS")?,
+            host: var("RLMESH_HOST")?,
+            controller: var("RLMESH_CONTROLLER")?,
+            controller_addr: var("RLMESH_CONTROLLER_ADDR")?,
+            control_port: port("RLMESH_CONTROL_PORT")?,
+            data_port: port("RLMESH_DATA_PORT")?,
+            metrics_port: port("RLMESH_METRICS_PORT")?,
+        })
+    }
+}
+
+/// The data endpoint `tcp://host:port`.
+pub fn endpoint(host: &str, port: u16) -> String {
+    format!("tcp://{host}:{port}")
+}
+
+/// The actors this process hosts.
+#[derive(Default)]
+struct Hosted {
+    rollout: Option<ActorRef<RolloutMsg>>,
+    reward: Option<crate::controller::recipe::RewardKind>,
+    learner: Option<(ActorRef<LearnerMsg>, u32)>,
+    controller_data: String,
+}
+
+/// Pins every thread of this process to `cpus` (threads started later inherit it).
+pub fn pin_process(cpus: &[usize]) -> Result<(), String> {
+    if cpus.is_empty() {
+        return Ok(());
+    }
+    // SAFETY: a zeroed cpu_set_t is a valid empty set; CPU_SET writes inside it.
+    let mut set: libc::cpu_set_t = unsafe { std::mem::zeroed() };
+    for &c in cpus {
+        unsafe { libc::CPU_SET(c, &mut set) };
+    }
+    let tasks = std::fs::read_dir("/proc/self/task").map_err(|e| format!("/proc/self/task: {e}"))?;
+    for t in tasks.flatten() {
+        let Ok(tid) = t.file_name().to_string_lossy().parse::<i32>() else { continue };
+        // SAFETY: `set` is a valid cpu_set_t of the size passed.
+        if unsafe { libc::sched_setaffinity(tid, std::mem::size_of::<libc::cpu_set_t>(), &set) } != 0 {
+            return Err(format!("sched_setaffinity({tid}, {cpus:?}): {}", std::io::Error::last_os_error()));
+        }
+    }
+    Ok(())
+}
+
+/// Runs this process until it is told to stop or its controller is gone.
+pub async fn serve() -> Result<(), String> {
+    let env = NodeEnv::from_env()?;
+    let cookie = Cookie::from_env().map_err(|e| e.to_string())?;
+    let metrics = Metrics::new();
+    let maddr = format!("{}:{}", env.host, env.metrics_port);
+    let _server = serve_metrics(metrics.registry(), maddr.as_str()).map_err(|e| format!("/metrics on {maddr} (the topology's ports.metrics): {e}"))?;
+    let ccfg = ControlConfig { cap: CONTROL_CAP, ..ControlConfig::default() };
+    let mut control = ControlNode::<ControlMsg>::start(&env.process, env.control_port, &cookie, ccfg).await.map_err(|e| e.to_string())?;
+    control.connect(&env.controller_addr).await.map_err(|e| e.to_string())?;
+    control.wait_for_peer(&env.controller, Duration::from_secs(30)).await.map_err(|e| format!("{e} (controller at {})", env.controller_addr))?;
+    let codec = FrameCodec::new(cookie.as_bytes(), DATA_CAP);
+    let data = endpoint(&env.host, env.data_port);
+    let mut inbox = Inbox::<DataMsg>::bind(&data, codec.clone(), &DataPlaneConfig::default()).map_err(|e| e.to_string())?;
+    let outboxes = Outboxes { codec, open: Arc::default() };
+    let cores = std::thread::available_parallelism().map(|n| n.get()).unwrap_or(1);
+    let hello = Hello { pid: std::process::id(), host: crate::controller::status::host_name(), start_time: crate::controller::status::start_time(std::process::id()), data, cores };
+    let tx = control.sender();
+    tx.send(&env.controller, &ControlMsg::Hello(hello)).map_err(|e| e.to_string())?;
+    eprintln!("[node] {}: joined the controller {} at {}", env.process, env.controller, env.controller_addr);
+    let mut hosted = Hosted::default();
+    let (mut mirror, mut tick) = (RefusalMirror::default(), tokio::time::interval(Duration::from_secs(1)));
+    let data_stats = inbox.stats();
+    let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()).map_err(|e| e.to_string())?;
+    loop {
+        tokio::select! {
+            m = control.next() => {
+                let (from, msg) = match m {
+                    None => break,
+                    Some(Incoming::Peer(PeerEvent::Lost(p))) if p == env.controller => {
+                        eprintln!("[node] {}: the controller is lost (silent past the heartbeat deadline); leaving", env.process);
+                        break;
+                    }
+                    Some(Incoming::Peer(PeerEvent::Lost(p))) => {
+                        metrics.peers_lost_total.with_label_values(&[&p]).inc();
+                        continue;
+                    }
+                    Some(Incoming::Peer(_)) => continue,
+                    Some(Incoming::Message(from, msg)) => (from, msg),
+                };
+                if from != env.controller {
+                    eprintln!("[node] {}: ignoring a control message from {from} (not the controller)", env.process);
+                    continue;
+                }
+                match msg {
+                    ControlMsg::Setup(setup) => {
+                        let out = match setup.get::<NodeSetup>("NodeSetup") {
+                            Ok(s) => host(&mut hosted, s).await,
+                            Err(e) => Err(e),
+                        };
+                        if let Err(e) = &out {
+                            eprintln!("[node] {}: setup failed: {e}", env.process);
+                        }
+                        let _ = tx.send(&env.controller, &ControlMsg::Ready(out));
+                    }
+                    ControlMsg::Generate { id, reward, request } => generate(&hosted, id, reward, request, &outboxes),
+                    ControlMsg::Stop => {
+                        eprintln!("[node] {}: stop requested by the controller", env.process);
+                        break;
+                    }
+                    other => eprintln!("[node] {}: unexpected control message {other:?}", env.process),
+                }
+            }
+            d = inbox.recv() => {
+                let Some(msg) = d else { break };
+                on_data(&hosted, msg, &outboxes, &tx, &env.controller);
+            }
+            _ = tick.tick() => {
+                mirror.frames(&metrics, "control", control.stats());
+                mirror.frames(&metrics, "data", &data_stats);
+                mirror.sessions(&metrics, control.sessions_refused());
+            }
+            _ = term.recv() => {
+                eprintln!("[node] {}: SIGTERM; leaving", env.process);
+                break;
+            }
+        }
+    }
+    if let Some(r) = hosted.rollout.take() {
+        r.stop(None);
+    }
+    if let Some((l, _)) = hosted.learner.take() {
+        l.stop(None);
+    }
+    Ok(())
+}
+
+async fn host(hosted: &mut Hosted, s: NodeSetup) -> Result<(), String> {
+    pin_process(&s.cpus)?;
+    hosted.controller_data = s.controller_data.clone();
+    if let Some(r) = s.rollout {
+        let args = RolloutArgs {
+            model_dir: s.model_dir.clone(),
+            tools: r.tools,
+            limits: r.limits,
+            config: r.config,
+            threads: s.threads,
+            panic_on_request: None,
+            requests: Arc::new(AtomicU64::new(0)),
+        };
+        let (a, _) = Actor::spawn(None, RolloutActor, args).await.map_err(|e| format!("rollout actor: {e}"))?;
+        hosted.rollout = Some(a);
+    }
+    hosted.reward = s.reward;
+    if let Some(l) = s.learner {
+        let args = LearnerArgs { model_dir: s.model_dir.clone(), config: l.config, threads: s.threads, ring: Some((l.rank as usize, l.world as usize, l.master.clone())) };
+        let (a, _) = Actor::spawn(None, LearnerActor, args).await.map_err(|e| format!("learner rank {}: {e}", l.rank))?;
+        hosted.learner = Some((a, l.rank));
+    }
+    Ok(())
+}
+
+fn generate(hosted: &Hosted, id: u64, reward: String, request: Json, outboxes: &Outboxes) {
+    let (rollout, outboxes) = (hosted.rollout.clone(), outboxes.clone());
+    let (port, rx) = ractor::concurrency::oneshot();
+    let sent: Result<(), String> = match (rollout, request.get::<RolloutRequest>("RolloutRequest")) {
+        (None, _) => Err("this process hosts no rollout actor".into()),
+        (_, Err(e)) => Err(e),
+        (Some(r), Ok(req)) => r.send_message(RolloutMsg::Generate(req, port.into())).map_err(|e| format!("rollout actor: {e}")),
+    };
+    tokio::spawn(async move {
+        let result = match sent {
+            Err(e) => Err(e),
+            Ok(()) => match rx.await {
+                Ok(r) => r.map(|res: RolloutResult| Json::of(&res)),
+                Err(_) => Err("the rollout actor stopped".into()),
+            },
+        };
+        let _ = outboxes.send(&reward, DataMsg::Groups { id, result }).await;
+    });
+}
+
+fn on_data(hosted: &Hosted, msg: DataMsg, outboxes: &Outboxes, tx: &ControlSender<ControlMsg>, controller: &str) {
+    match msg {
+        DataMsg::Weights { id, update } => {
+            let (port, rx) = ractor::concurrency::oneshot();
+            let sent = match &hosted.rollout {
+                Some(r) => r.send_message(RolloutMsg::LoadWeights(update, port.into())).map_err(|e| format!("rollout actor: {e}")),
+                None => Err("this process hosts no rollout actor".into()),
+            };
+            let (tx, controller) = (tx.clone(), controller.to_string());
+            tokio::spawn(async move {
+                let result = match sent {
+                    Err(e) => Err(e),
+                    Ok(()) => rx.await.unwrap_or_else(|_| Err("the rollout actor stopped".into())),
+                };
+                if let Err(e) = &result {
+                    eprintln!("[node] weights refused: {e}");
+                }
+                let _ = tx.send(&controller, &ControlMsg::WeightsLoaded { id, result });
+            });
+        }
+        DataMsg::Groups { id, result } => {
+            let (kind, to, outboxes) = (hosted.reward, hosted.controller_data.clone(), outboxes.clone());
+            tokio::spawn(async move {
+                let result = match (kind, result) {
+                    (None, _) => Err("this process hosts no reward actor".into()),
+                    (_, Err(e)) => Err(e),
+                    (Some(kind), Ok(json)) => match json.get::<RolloutResult>("RolloutResult") {
+                        Err(e) => Err(e),
+                        Ok(mut res) => {
+                            let groups = std::mem::take(&mut res.groups);
+                            match tokio::task::spawn_blocking(move || groups.into_iter().map(|g| score_group(g, kind)).collect()).await {
+                                Ok(scored) => {
+                                    res.scored = Some(scored);
+                                    Ok(Json::of(&res))
+                                }
+                                Err(e) => Err(format!("scoring failed: {e}")),
+                            }
+                        }
+                    },
+                };
+                let _ = outboxes.send(&to, DataMsg::Scored { id, result }).await;
+            });
+        }
+        DataMsg::Learner { id, call } => {
+            let Some((learner, rank)) = hosted.learner.clone() else {
+                return eprintln!("[node] a learner call, but this process hosts no learner rank");
+            };
+            let (to, outboxes) = (hosted.controller_data.clone(), outboxes.clone());
+            let call: Result<LearnerCall, String> = call.get("LearnerCall");
+            macro_rules! enqueue {
+                ($variant:ident $(, $arg:expr)*) => {{
+                    let (port, rx) = ractor::concurrency::oneshot();
+                    learner.send_message(LearnerMsg::$variant($($arg,)* port.into())).map(|_| rx).map_err(|e| format!("learner actor: {e}"))
+                }};
+            }
+            match call {
+                Err(e) => {
+                    tokio::spawn(async move { outboxes.send(&to, DataMsg::LearnerDone { id, rank, result: Err(e) }).await });
+                }
+                Ok(LearnerCall::Snapshot(version)) => {
+                    let rx = enqueue!(Snapshot, version);
+                    tokio::spawn(async move {
+                        let msg = match rx {
+                            Ok(rx) => match rx.await {
+                                Ok(update) if rank == 0 => DataMsg::Snapshot { id, update },
+                                Ok(_) => DataMsg::LearnerDone { id, rank, result: Ok(Json::of(&LearnerOut::Done)) },
+                                Err(_) => DataMsg::LearnerDone { id, rank, result: Err("the learner actor stopped".into()) },
+                            },
+                            Err(e) => DataMsg::LearnerDone { id, rank, result: Err(e) },
+                        };
+                        let _ = outboxes.send(&to, msg).await;
+                    });
+                }
+                Ok(call) => {
+                    let rx = match call {
+                        LearnerCall::Sft(b) => enqueue!(Sft, b).map(|rx| Box::pin(async move { rx.await.map(|r| r.map(LearnerOut::Stats)) }) as Reply),
+                        LearnerCall::Train(b) => enqueue!(Train, b).map(|rx| Box::pin(async move { rx.await.map(|r| r.map(LearnerOut::Stats)) }) as Reply),
+                        LearnerCall::Configure(c) => enqueue!(Configure, c).map(|rx| Box::pin(async move { rx.await.map(|r| r.map(|_| LearnerOut::Done)) }) as Reply),
+                        LearnerCall::Checkpoint(root, meta) => enqueue!(Checkpoint, root, meta).map(|rx| Box::pin(async move { rx.await.map(|r| r.map(LearnerOut::Path)) }) as Reply),
+                        LearnerCall::Resume(root, c) => enqueue!(Resume, root, c).map(|rx| Box::pin(async move { rx.await.map(|r| r.map(LearnerOut::Meta)) }) as Reply),
+                        LearnerCall::Snapshot(_) => unreachable!("handled above"),
+                    };
+                    tokio::spawn(async move {
+                        let result = match rx {
+                            Err(e) => Err(e),
+                            Ok(rx) => match rx.await {
+                                Ok(r) => r.map(|out| Json::of(&out)),
+                                Err(_) => Err("the learner actor stopped".into()),
+                            },
+                        };
+                        let _ = outboxes.send(&to, DataMsg::LearnerDone { id, rank, result }).await;
+                    });
+                }
+            }
+        }
+        other => eprintln!("[node] unexpected data message {}", short(&other)),
+    }
+}
+
+type Reply = std::pin::Pin<Box<dyn std::future::Future<Output = Result<Result<LearnerOut, String>, tokio::sync::oneshot::error::RecvError>> + Send>>;
+
+fn short(m: &DataMsg) -> &'static str {
+    match m {
+        DataMsg::Weights { .. } => "Weights",
+        DataMsg::Groups { .. } => "Groups",
+        DataMsg::Scored { .. } => "Scored",
+        DataMsg::Learner { .. } => "Learner",
+        DataMsg::LearnerDone { .. } => "LearnerDone",
+        DataMsg::Snapshot { .. } => "Snapshot",
+    }
+}

@@ -1,0 +1,177 @@
+//! The messages between the processes of a run: one definition each.
+//!
+//! [`ControlMsg`]s are small and travel on the control plane
+//! (`mesh::control`, over ractor_cluster); [`DataMsg`]s carry trajectories,
+//! batches and weights on the data plane (`mesh::data_plane`, ZeroMQ). Both
+//! are `mesh::frame`s: versioned, capped, authenticated with the run cookie.
+//!
+//! Values whose types hold a `serde_json::Value` (tasks, trajectories,
+//! checkpoint records) travel as [`Json`] bytes inside the bincode payload:
+//! bincode cannot decode a self-describing value.
+use crate::controller::recipe::RewardKind;
+use crate::learner::{CheckpointMeta, LearnerConfig, SftBatch, StepStats, TrainBatch};
+use crate::rollout::RolloutConfig;
+use crate::weight_sync::{WeightAck, WeightUpdate};
+use rlmesh_core::tools::ExecLimits;
+use rlmesh_mesh::frame::WireMessage;
+use serde::de::DeserializeOwned;
+use serde::{Deserialize, Serialize};
+use std::path::PathBuf;
+
+/// Largest control message (tasks of one request, small records).
+pub const CONTROL_CAP: u64 = 4 << 20;
+/// Largest data message (a weight image, a batch, a request's groups).
+pub const DATA_CAP: u64 = 1 << 30;
+
+/// A value as JSON bytes (see the module docs).
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct Json(pub Vec<u8>);
+
+impl Json {
+    /// Encodes `v`.
+    pub fn of<T: Serialize>(v: &T) -> Json {
+        Json(serde_json::to_vec(v).expect("plain data serialises"))
+    }
+
+    /// Decodes it as `T`; the error names `what`.
+    pub fn get<T: DeserializeOwned>(&self, what: &str) -> Result<T, String> {
+        serde_json::from_slice(&self.0).map_err(|e| format!("{what}: undecodable JSON payload: {e}"))
+    }
+}
+
+/// What a node process says first.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct Hello {
+    /// Its pid on its host.
+    pub pid: u32,
+    /// Its host's name.
+    pub host: String,
+    /// Its start time (clock ticks since boot, /proc/PID/stat field 22).
+    pub start_time: Option<u64>,
+    /// Its data-plane endpoint (`tcp://host:port`).
+    pub data: String,
+    /// Cores it may run on.
+    pub cores: usize,
+}
+
+/// What a node process hosts, sent by the controller after [`Hello`].
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct NodeSetup {
+    /// The model directory (the same path on every host: a shared filesystem).
+    pub model_dir: PathBuf,
+    /// libtorch intra-op threads.
+    pub threads: i32,
+    /// Cores to pin the process to (empty: leave it as started).
+    pub cpus: Vec<usize>,
+    /// The controller's data endpoint.
+    pub controller_data: String,
+    /// A rollout actor.
+    pub rollout: Option<RolloutSetup>,
+    /// A reward actor scoring with this function.
+    pub reward: Option<RewardKind>,
+    /// A data-parallel learner rank.
+    pub learner: Option<LearnerSetup>,
+}
+
+/// A rollout actor's settings.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct RolloutSetup {
+    /// Tools offered.
+    pub tools: Vec<String>,
+    /// Tool limits.
+    pub limits: ExecLimits,
+    /// Sampling and loop limits.
+    pub config: RolloutConfig,
+}
+
+/// A learner rank's settings.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct LearnerSetup {
+    /// Learner settings (the warm-up's first).
+    pub config: LearnerConfig,
+    /// Its rank.
+    pub rank: u32,
+    /// Ranks in all.
+    pub world: u32,
+    /// Rank 0's ring rendezvous, `host:port`.
+    pub master: String,
+}
+
+/// Control-plane messages (a call's `id` pairs it with its answer).
+#[allow(missing_docs)]
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub enum ControlMsg {
+    /// Node → controller, once connected.
+    Hello(Hello),
+    /// Controller → node: what to host ([`NodeSetup`] as JSON).
+    Setup(Json),
+    /// Node → controller: the setup's outcome.
+    Ready(Result<(), String>),
+    /// Controller → rollout node: generate a request ([`crate::rollout::actor::RolloutRequest`]
+    /// as JSON) and send the groups to the data endpoint `reward`.
+    Generate { id: u64, reward: String, request: Json },
+    /// Rollout node → controller: the outcome of [`DataMsg::Weights`] `id`.
+    WeightsLoaded { id: u64, result: Result<WeightAck, String> },
+    /// Controller → node: leave.
+    Stop,
+}
+
+impl WireMessage for ControlMsg {
+    const KIND: u16 = 0x0200;
+    const NAME: &'static str = "ControlMsg";
+}
+
+/// A call on a learner rank (every rank gets every call; batches are sharded by rank).
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub enum LearnerCall {
+    /// One supervised step.
+    Sft(SftBatch),
+    /// One policy-gradient step.
+    Train(TrainBatch),
+    /// New settings.
+    Configure(LearnerConfig),
+    /// The weights as a version (rank 0 answers with [`DataMsg::Snapshot`]).
+    Snapshot(u64),
+    /// A checkpoint under the root (rank 0 writes).
+    Checkpoint(PathBuf, CheckpointMeta),
+    /// Resume from the newest checkpoint under the root.
+    Resume(PathBuf, LearnerConfig),
+}
+
+/// What a learner call returned.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub enum LearnerOut {
+    /// A step's statistics.
+    Stats(StepStats),
+    /// Done, nothing to return.
+    Done,
+    /// A checkpoint's directory.
+    Path(PathBuf),
+    /// The record of the checkpoint resumed from.
+    Meta(CheckpointMeta),
+}
+
+/// Data-plane messages (a call's `id` pairs it with its answer).
+#[allow(missing_docs)]
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub enum DataMsg {
+    /// Controller → rollout node: a policy version to load (digest-checked there).
+    Weights { id: u64, update: WeightUpdate },
+    /// Rollout node → reward node (or the controller): a request's groups
+    /// ([`crate::rollout::actor::RolloutResult`] as JSON).
+    Groups { id: u64, result: Result<Json, String> },
+    /// Reward node → controller: a request's scored groups
+    /// ([`crate::rollout::actor::RolloutResult`] with `scored` set, as JSON).
+    Scored { id: u64, result: Result<Json, String> },
+    /// Controller → every learner rank.
+    Learner { id: u64, call: Json },
+    /// Learner rank → controller: the outcome of call `id` ([`LearnerOut`] as JSON).
+    LearnerDone { id: u64, rank: u32, result: Result<Json, String> },
+    /// Learner rank 0 → controller: the weights asked for by call `id`.
+    Snapshot { id: u64, update: WeightUpdate },
+}
+
+impl WireMessage for DataMsg {
+    const KIND: u16 = 0x0201;
+    const NAME: &'static str = "DataMsg";
+}
