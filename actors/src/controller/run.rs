@@ -566,6 +566,9 @@ pub async fn run(opts: RunOptions) -> Result<Summary, RunError> {
     };
     let mut status = RunStatus::of_this_process(&my_roles.iter().map(String::as_str).collect::<Vec<_>>());
     if let Some(f) = &fleet {
+        if let Some(main) = status.processes.first_mut() {
+            (main.name, main.host) = (f.controller().name.clone(), f.controller().host.clone());
+        }
         status.processes.extend(f.entries());
     }
     status.metrics_addr = Some(metrics_addr.clone());
@@ -712,7 +715,10 @@ pub async fn run(opts: RunOptions) -> Result<Summary, RunError> {
             tools: recipe.tools.clone(),
             limits,
             config: rollout_cfg.clone(),
-            threads: cores,
+            // The cores split evenly, as between rollout processes on one host: a
+            // rollout's float results depend on its thread count, so the same
+            // split gives the same rollouts in one process or several.
+            threads: (cores / local_rollouts.max(1) as i32).max(1),
             panic_on_request: if i == 0 { opts.panic_rollout_on_request } else { None },
             requests: Arc::new(AtomicU64::new(0)),
         })

@@ -41,3 +41,25 @@ pub fn models_dir() -> PathBuf {
     assert!(out.status.success(), "prepare-models failed: {}", String::from_utf8_lossy(&out.stderr));
     PathBuf::from(String::from_utf8(out.stdout).unwrap().lines().last().unwrap().trim())
 }
+
+/// A base port `b` such that `b..b+n` are all free on 127.0.0.1 now (tests
+/// that run at once pick different bases; a clash is retried elsewhere).
+pub fn free_port_base(n: u16) -> u16 {
+    use std::net::TcpListener;
+    let seed = std::process::id() as u64 ^ std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap().as_nanos() as u64;
+    for k in 0..1000u64 {
+        let x = seed.wrapping_mul(6364136223846793005).wrapping_add(k.wrapping_mul(1442695040888963407));
+        let base = 20000 + ((x >> 33) % 40000) as u16;
+        let held: Vec<_> = (0..n).map_while(|i| TcpListener::bind(("127.0.0.1", base + i)).ok()).collect();
+        if held.len() == n as usize {
+            return base;
+        }
+    }
+    panic!("no {n} consecutive free ports");
+}
+
+/// The `[ports]` table of a topology whose every base has `n` free ports after it.
+pub fn free_ports_table(n: u16) -> String {
+    let b = free_port_base(4 * n);
+    format!("[ports]\ncontrol = {}\ndata = {}\nmetrics = {}\nmaster = {}\n", b, b + n, b + 2 * n, b + 3 * n)
+}

@@ -1,0 +1,268 @@
+//! `launcher up` on topologies of several local processes: real `launcher
+//! node` children over loopback (the control plane on ractor_cluster, the
+//! data plane on ZeroMQ), against the same job in one process.
+//!
+//! - placement does not change the math: a `sync` run gives byte-identical
+//!   rollouts, rewards and learner losses in one process and across two
+//!   rollout processes;
+//! - two data-parallel learner ranks train like one, within float tolerance;
+//! - bad input on a live run's control and data ports is refused, counted in
+//!   `/metrics`, named in the log, and the run finishes.
+mod common;
+
+use common::*;
+use rlmesh_mesh::control::{ControlConfig, ControlNode};
+use rlmesh_mesh::cookie::Cookie;
+use rlmesh_mesh::frame::FrameCodec;
+use rlmesh_actors::node::wire::ControlMsg;
+use serde_json::Value;
+use std::collections::HashMap;
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
+
+/// A `sync` recipe whose rewards vary within groups after a short warm-up (so losses are not all zero).
+fn recipe(dir: &Path) -> String {
+    let text = r#"
+reward = "process"
+[tasks]
+size = 64
+held_out = 100
+[sft]
+steps = 150
+batch_size = 16
+tasks = 1024
+[rl]
+steps = 3
+group_size = 4
+groups_per_step = 3
+max_turns = 2
+max_new_tokens = 24
+mode = "sync"
+"#;
+    let path = dir.join("sync-test.toml");
+    std::fs::write(&path, text).unwrap();
+    path.to_str().unwrap().to_string()
+}
+
+/// A one-node topology on 127.0.0.1 with free ports: `rollout` and `learner` are the placement tables' bodies.
+fn topology(dir: &Path, name: &str, rollout: &str, ranks: u32, learner: &str) -> String {
+    let text = format!(
+        "name = \"{name}\"\n[[nodes]]\nname = \"local\"\nhost = \"127.0.0.1\"\n{}\n\
+         [controller]\nnode = \"local\"\nprocess = \"main\"\n[weight_sync]\nnode = \"local\"\nprocess = \"main\"\n\
+         [rollout]\nplacement = [{rollout}]\n[reward]\nplacement = [{{ node = \"local\", actors = 1, process = \"main\" }}]\n\
+         [learner]\nranks = {ranks}\nplacement = [{learner}]\n",
+        free_ports_table(8)
+    );
+    let path = dir.join(format!("{name}.toml"));
+    std::fs::write(&path, text).unwrap();
+    path.to_str().unwrap().to_string()
+}
+
+fn up(topology: &str, recipe: &str, run: &Path) -> Command {
+    let mut c = Command::new(env!("CARGO_BIN_EXE_launcher"));
+    c.current_dir(repo()).args(["up", topology, "--recipe", recipe, "--run-dir", run.to_str().unwrap(), "--metrics-addr", "127.0.0.1:0", "--eval-limit", "8"]);
+    c
+}
+
+fn run_ok(topology: &str, recipe: &str, run: &Path) {
+    let out = up(topology, recipe, run).output().unwrap();
+    assert_eq!(code(&out), 0, "{topology}: {}", stderr(&out));
+    assert_trained_once(run);
+}
+
+fn lines(path: &Path) -> Vec<Value> {
+    std::fs::read_to_string(path).unwrap_or_else(|e| panic!("{}: {e}", path.display())).lines().map(|l| serde_json::from_str(l).unwrap()).collect()
+}
+
+/// The ledger shows every dispatched group trained exactly once.
+fn assert_trained_once(run: &Path) {
+    let mut trained: HashMap<u64, usize> = HashMap::new();
+    let mut dispatched = 0;
+    for e in lines(&run.join("ledger.jsonl")) {
+        match e["event"].as_str() {
+            Some("trained") => *trained.entry(e["group"].as_u64().unwrap()).or_default() += 1,
+            Some("dispatch") => dispatched += 1,
+            _ => {}
+        }
+    }
+    assert!(dispatched > 0, "{}: nothing dispatched", run.display());
+    assert_eq!(trained.len(), dispatched, "{}: every dispatched group is trained", run.display());
+    assert!(trained.values().all(|&n| n == 1), "{}: a group trained twice: {trained:?}", run.display());
+}
+
+fn column(run: &Path, key: &str) -> Vec<f64> {
+    lines(&run.join("metrics.jsonl")).iter().map(|m| m[key].as_f64().unwrap()).collect()
+}
+
+/// No `launcher node` of this run is left.
+fn assert_no_nodes_left(run: &Path) {
+    let status: Value = serde_json::from_str(&std::fs::read_to_string(run.join("status.json")).unwrap()).unwrap();
+    for p in status["processes"].as_array().unwrap().iter().skip(1) {
+        let pid = p["pid"].as_u64().unwrap();
+        let alive = std::fs::read_to_string(format!("/proc/{pid}/cmdline")).is_ok_and(|c| c.contains("node"));
+        assert!(!alive, "{} (pid {pid}) outlived its run", p["name"]);
+    }
+}
+
+#[test]
+fn a_sync_run_is_identical_in_one_process_and_across_two_rollout_processes() {
+    let tmp = tempfile::tempdir().unwrap();
+    let recipe = recipe(tmp.path());
+    let here = r#"{ node = "local", actors = 1, process = "main" }"#;
+    let one = topology(tmp.path(), "one", r#"{ node = "local", actors = 2, process = "main" }"#, 1, here);
+    let two = topology(tmp.path(), "two", r#"{ node = "local", actors = 2 }"#, 1, here);
+    let (a, b) = (tmp.path().join("one"), tmp.path().join("two"));
+    run_ok(&one, &recipe, &a);
+    run_ok(&two, &recipe, &b);
+    let status: Value = serde_json::from_str(&std::fs::read_to_string(b.join("status.json")).unwrap()).unwrap();
+    let names: Vec<&str> = status["processes"].as_array().unwrap().iter().map(|p| p["name"].as_str().unwrap()).collect();
+    assert_eq!(names, ["local/main", "local/rollout-0", "local/rollout-1"]);
+    assert!(b.join("logs/local_rollout-0.log").is_file());
+    for f in ["rollouts.jsonl", "eval_rollouts.jsonl"] {
+        let (x, y) = (std::fs::read(a.join(f)).unwrap(), std::fs::read(b.join(f)).unwrap());
+        assert!(!x.is_empty());
+        assert!(x == y, "{f} differs between one process and two rollout processes");
+    }
+    for k in ["loss", "grad_norm", "reward_mean", "entropy"] {
+        assert_eq!(column(&a, k), column(&b, k), "{k}: bit-identical");
+    }
+    assert!(column(&a, "grad_norm").iter().all(|g| *g > 0.0), "the steps trained on something");
+    assert_no_nodes_left(&b);
+}
+
+/// Every tensor of `model.safetensors` in two checkpoint directories, as float32 values.
+fn tensors(dir: &Path) -> HashMap<String, Vec<f32>> {
+    let bytes = std::fs::read(dir.join("model.safetensors")).unwrap();
+    let st = safetensors::SafeTensors::deserialize(&bytes).unwrap();
+    st.tensors()
+        .into_iter()
+        .map(|(name, view)| {
+            assert_eq!(view.dtype(), safetensors::Dtype::F32);
+            (name, view.data().chunks_exact(4).map(|c| f32::from_le_bytes(c.try_into().unwrap())).collect())
+        })
+        .collect()
+}
+
+fn warmup_checkpoint(run: &Path) -> PathBuf {
+    let mut dirs: Vec<PathBuf> = std::fs::read_dir(run.join("checkpoints")).unwrap().flatten().map(|e| e.path()).filter(|p| p.file_name().unwrap().to_string_lossy().starts_with("step-")).collect();
+    dirs.sort();
+    dirs.into_iter().next().expect("a checkpoint after the warm-up")
+}
+
+#[test]
+fn two_learner_ranks_in_their_own_processes_train_like_one() {
+    let tmp = tempfile::tempdir().unwrap();
+    let recipe = recipe(tmp.path());
+    let here = r#"{ node = "local", actors = 1, process = "main" }"#;
+    let r1 = topology(tmp.path(), "ranks1", here, 1, r#"{ node = "local", actors = 1 }"#);
+    let r2 = topology(tmp.path(), "ranks2", here, 2, r#"{ node = "local", actors = 2 }"#);
+    let (a, b) = (tmp.path().join("r1"), tmp.path().join("r2"));
+    run_ok(&r1, &recipe, &a);
+    run_ok(&r2, &recipe, &b);
+    // After the warm-up (no sampling yet): the same weights within float tolerance.
+    let (x, y) = (tensors(&warmup_checkpoint(&a)), tensors(&warmup_checkpoint(&b)));
+    assert_eq!(x.len(), y.len());
+    let mut worst = 0f32;
+    for (name, v) in &x {
+        let w = &y[name];
+        assert_eq!(v.len(), w.len(), "{name}");
+        for (p, q) in v.iter().zip(w) {
+            worst = worst.max((p - q).abs());
+        }
+    }
+    assert!(worst < 1e-4, "largest weight difference after the warm-up, 1 vs 2 ranks: {worst}");
+    // The RL steps too.
+    for (p, q) in column(&a, "grad_norm").iter().zip(column(&b, "grad_norm")) {
+        assert!((p - q).abs() <= 1e-3 * p.abs().max(1.0), "grad norm {p} (1 rank) vs {q} (2 ranks)");
+    }
+    assert_no_nodes_left(&b);
+}
+
+fn scrape(addr: &str) -> String {
+    use std::io::{Read, Write};
+    let mut s = std::net::TcpStream::connect(addr).unwrap();
+    write!(s, "GET /metrics HTTP/1.0\r\nHost: x\r\n\r\n").unwrap();
+    let mut body = String::new();
+    s.read_to_string(&mut body).unwrap();
+    body
+}
+
+fn series(text: &str, prefix: &str) -> f64 {
+    text.lines().filter(|l| l.starts_with(prefix)).filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok()).sum()
+}
+
+#[test]
+fn bad_input_to_a_live_run_is_refused_counted_and_named_and_the_run_finishes() {
+    let tmp = tempfile::tempdir().unwrap();
+    let recipe = recipe(tmp.path());
+    let ports = free_ports_table(8);
+    let base = |key: &str| -> u16 { ports.lines().find(|l| l.starts_with(key)).unwrap().rsplit(' ').next().unwrap().parse().unwrap() };
+    let text = format!(
+        "name = \"intruded\"\n[[nodes]]\nname = \"local\"\nhost = \"127.0.0.1\"\n{ports}\n\
+         [controller]\nnode = \"local\"\nprocess = \"main\"\n[weight_sync]\nnode = \"local\"\nprocess = \"main\"\n\
+         [rollout]\nplacement = [{{ node = \"local\", actors = 1 }}]\n[reward]\nplacement = [{{ node = \"local\", actors = 1, process = \"reward\" }}]\n\
+         [learner]\nranks = 1\nplacement = [{{ node = \"local\", actors = 1, process = \"main\" }}]\n"
+    );
+    let topo = tmp.path().join("intruded.toml");
+    std::fs::write(&topo, text).unwrap();
+    let run = tmp.path().join("run");
+    let metrics = format!("127.0.0.1:{}", free_port_base(1));
+    let log = tmp.path().join("controller.log");
+    let mut child = Command::new(env!("CARGO_BIN_EXE_launcher"))
+        .current_dir(repo())
+        .args(["up", topo.to_str().unwrap(), "--recipe", &recipe, "--run-dir", run.to_str().unwrap(), "--metrics-addr", &metrics, "--eval-limit", "8"])
+        .stdout(Stdio::null())
+        .stderr(std::fs::File::create(&log).unwrap())
+        .spawn()
+        .unwrap();
+    // The run is up once its status names its processes.
+    let t0 = Instant::now();
+    while !std::fs::read_to_string(run.join("status.json")).is_ok_and(|s| s.contains("local/reward")) {
+        assert!(t0.elapsed() < Duration::from_secs(120), "the run never started: {}", std::fs::read_to_string(&log).unwrap_or_default());
+        assert!(child.try_wait().unwrap().is_none(), "the run ended early: {}", std::fs::read_to_string(&log).unwrap_or_default());
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    let cookie = Cookie::read_private(&run.join("cookie")).unwrap();
+    let (control, data) = (base("control"), base("data"));
+
+    // The data plane: garbage, a wrong cookie, another rlmesh version.
+    let ctx = zmq::Context::new();
+    let push = ctx.socket(zmq::PUSH).unwrap();
+    push.connect(&format!("tcp://127.0.0.1:{data}")).unwrap();
+    push.send(&b"garbage, not an rlmesh frame, long enough for a header................"[..], 0).unwrap();
+    let stranger = Cookie::generate().unwrap();
+    push.send(FrameCodec::new(stranger.as_bytes(), 1 << 20).seal(0x0201, b"payload").unwrap(), 0).unwrap();
+    push.send(FrameCodec::for_version(cookie.as_bytes(), 1 << 20, "0.0.9").seal(0x0201, b"payload").unwrap(), 0).unwrap();
+
+    // The control plane: a session with a wrong cookie; with the right one, garbage, an oversized frame, another version.
+    let rt = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build().unwrap();
+    rt.block_on(async {
+        let cfg = ControlConfig::default();
+        let wrong: ControlNode<ControlMsg> = ControlNode::start("intruder-wrong-cookie", free_port_base(1), &stranger, cfg.clone()).await.unwrap();
+        let _ = wrong.connect(&format!("127.0.0.1:{control}")).await;
+        let node: ControlNode<ControlMsg> = ControlNode::start("intruder", free_port_base(1), &cookie, cfg).await.unwrap();
+        node.connect(&format!("127.0.0.1:{control}")).await.unwrap();
+        node.wait_for_peer("local/main", Duration::from_secs(10)).await.unwrap();
+        node.send_raw("local/main", b"garbage on the control plane, long enough for a header......".to_vec()).unwrap();
+        node.send_raw("local/main", FrameCodec::new(cookie.as_bytes(), 1 << 30).seal(0x0100, &vec![0u8; 5 << 20]).unwrap()).unwrap();
+        node.send_raw("local/main", FrameCodec::for_version(cookie.as_bytes(), 1 << 20, "0.0.9").seal(0x0100, b"x").unwrap()).unwrap();
+        tokio::time::sleep(Duration::from_secs(3)).await;
+    });
+
+    let text = scrape(&metrics);
+    for (plane, reason) in [("data", "malformed"), ("data", "unauthenticated"), ("data", "version"), ("control", "malformed"), ("control", "too_large"), ("control", "version")] {
+        let n = series(&text, &format!("rlmesh_frames_refused_total{{plane=\"{plane}\",reason=\"{reason}\"}}"));
+        assert!(n >= 1.0, "{plane}/{reason} not counted:\n{}", text.lines().filter(|l| l.contains("refused")).collect::<Vec<_>>().join("\n"));
+    }
+    assert!(series(&text, "rlmesh_control_sessions_refused_total") >= 1.0, "the wrong-cookie session is counted");
+    let status = child.wait().unwrap();
+    let logged = std::fs::read_to_string(&log).unwrap();
+    assert!(status.success(), "the run survives bad input: {logged}");
+    for reason in ["malformed", "unauthenticated", "version", "too_large"] {
+        assert!(logged.contains(reason), "the log names {reason}:\n{logged}");
+    }
+    assert!(run.join("summary.json").is_file());
+    assert_trained_once(&run);
+    assert_no_nodes_left(&run);
+}
