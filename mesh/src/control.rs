@@ -59,11 +59,16 @@ pub struct ControlConfig {
     pub window: u64,
     /// Capacity of the peer-event channel (messages are bounded by `window` per peer).
     pub queue: usize,
+    /// The address peers know this node by (its host). ractor_cluster takes
+    /// `host:port` as a node's identity and drops a session to a peer with
+    /// the same one as a connection to itself, so processes on different
+    /// hosts that share a port number must each give their own host.
+    pub host: String,
 }
 
 impl Default for ControlConfig {
     fn default() -> Self {
-        ControlConfig { cap: 1 << 20, heartbeat: Duration::from_millis(500), deadline: Duration::from_secs(5), window: 256, queue: 256 }
+        ControlConfig { cap: 1 << 20, heartbeat: Duration::from_millis(500), deadline: Duration::from_secs(5), window: 256, queue: 256, host: "127.0.0.1".into() }
     }
 }
 
@@ -304,7 +309,7 @@ impl<M: WireMessage> ControlNode<M> {
         });
         // Twice the cap plus room for the envelope and ractor's own framing: a
         // larger frame drops the session inside ractor_cluster, before allocation.
-        let ns = NodeServer::new(port, cookie.to_hex(), name.to_string(), "rlmesh".into(), None, None).with_max_inbound_frame_size(cfg.cap.saturating_mul(2).saturating_add(4096));
+        let ns = NodeServer::new(port, cookie.to_hex(), name.to_string(), cfg.host.clone(), None, None).with_max_inbound_frame_size(cfg.cap.saturating_mul(2).saturating_add(4096));
         let (server, _) = Actor::spawn(None, ns, ()).await.map_err(|e| fail(format!("node server on port {port}: {e}")))?;
         server
             .cast(NodeServerMessage::SubscribeToEvents {

@@ -30,7 +30,7 @@ fn free_port() -> u16 {
 }
 
 fn cfg() -> ControlConfig {
-    ControlConfig { heartbeat: Duration::from_millis(100), deadline: Duration::from_millis(1500), window: 16, queue: 4, cap: 64 << 10 }
+    ControlConfig { heartbeat: Duration::from_millis(100), deadline: Duration::from_millis(1500), window: 16, queue: 4, cap: 64 << 10, ..ControlConfig::default() }
 }
 
 /// peer NAME HUB_PORT MODE (echo | sink | raw | version)

@@ -174,7 +174,7 @@ impl Fleet {
         let _ = std::fs::remove_file(&cookie_path);
         let cookie = Cookie::generate().map_err(|e| e.to_string())?;
         cookie.write_private(&cookie_path).map_err(|e| e.to_string())?;
-        let ccfg = ControlConfig { cap: CONTROL_CAP, ..ControlConfig::default() };
+        let ccfg = ControlConfig { cap: CONTROL_CAP, host: me.host.clone(), ..ControlConfig::default() };
         let mut control = ControlNode::<ControlMsg>::start(&me.name, me.ports.control, &cookie, ccfg)
             .await
             .map_err(|e| format!("{e} (the topology's ports.control)"))?;

@@ -111,7 +111,7 @@ pub async fn serve() -> Result<(), String> {
     let metrics = Metrics::new();
     let maddr = format!("{}:{}", env.host, env.metrics_port);
     let _server = serve_metrics(metrics.registry(), maddr.as_str()).map_err(|e| format!("/metrics on {maddr} (the topology's ports.metrics): {e}"))?;
-    let ccfg = ControlConfig { cap: CONTROL_CAP, ..ControlConfig::default() };
+    let ccfg = ControlConfig { cap: CONTROL_CAP, host: env.host.clone(), ..ControlConfig::default() };
     let mut control = ControlNode::<ControlMsg>::start(&env.process, env.control_port, &cookie, ccfg).await.map_err(|e| e.to_string())?;
     control.connect(&env.controller_addr).await.map_err(|e| e.to_string())?;
     control.wait_for_peer(&env.controller, Duration::from_secs(30)).await.map_err(|e| format!("{e} (controller at {})", env.controller_addr))?;
