@@ -466,6 +466,11 @@ impl<M: WireMessage> ControlSender<M> {
     pub fn name(&self) -> &str {
         &self.shared.name
     }
+
+    /// How long ago `peer` was last heard from (`None`: never).
+    pub fn last_heard(&self, peer: &str) -> Option<Duration> {
+        self.shared.peers.lock().expect("peers lock").get(peer).map(|p| p.last_seen.elapsed())
+    }
 }
 
 fn send_as<M: WireMessage>(shared: &Shared, peer: &str, msg: &M) -> Result<(), ControlError> {

@@ -71,7 +71,11 @@ pub struct RunOptions {
 }
 
 /// Write `status.json` (read by `launcher status` / `launcher down`) at `phase`, `step`, `version`.
-fn write_status(status: &mut RunStatus, dir: &Path, phase: &str, step: u64, version: u64) {
+fn write_status(status: &mut RunStatus, dir: &Path, phase: &str, step: u64, version: u64, fleet: Option<&Fleet>) {
+    if let Some(f) = fleet {
+        status.processes.truncate(1);
+        status.processes.extend(f.entries(version));
+    }
     status.phase = phase.to_string();
     status.step = step;
     status.version = version;
@@ -569,7 +573,7 @@ pub async fn run(opts: RunOptions) -> Result<Summary, RunError> {
         if let Some(main) = status.processes.first_mut() {
             (main.name, main.host) = (f.controller().name.clone(), f.controller().host.clone());
         }
-        status.processes.extend(f.entries());
+        status.processes.extend(f.entries(0));
     }
     status.metrics_addr = Some(metrics_addr.clone());
     std::fs::write(&cfg_path, serde_json::to_string_pretty(&json!({"recipe": recipe, "rollout_actors": opts.rollout_actors})).expect("json"))
@@ -604,7 +608,7 @@ pub async fn run(opts: RunOptions) -> Result<Summary, RunError> {
     if let Some(n) = opts.eval_limit {
         held_out.truncate(n);
     }
-    write_status(&mut status, &dir, "warmup", 0, 0);
+    write_status(&mut status, &dir, "warmup", 0, 0, fleet.as_ref());
     let cores = std::thread::available_parallelism().map(|n| n.get()).unwrap_or(2) as i32;
 
     // The learner, warmed up with SFT.
@@ -660,7 +664,7 @@ pub async fn run(opts: RunOptions) -> Result<Summary, RunError> {
     for step in 0..sft_steps {
         if stopping() {
             progress.finish_bar();
-            write_status(&mut status, &dir, "stopped", 0, 0);
+            write_status(&mut status, &dir, "stopped", 0, 0, fleet.as_ref());
             let why = format!("SIGTERM during the warm-up (step {step}/{sft_steps}): stopped; a run has no checkpoint before its warm-up ends, so start it again");
             progress.line(why.clone());
             return Err(RunError::Stopped(why));
@@ -947,7 +951,7 @@ pub async fn run(opts: RunOptions) -> Result<Summary, RunError> {
             }
             status.tokens_per_s = row["tokens_per_s"].as_f64();
             status.staleness_max = Some(max_stale);
-            write_status(&mut status, &dir, "rl", step, version);
+            write_status(&mut status, &dir, "rl", step, version, fleet.as_ref());
             let success = f["trajectory_success"].as_f64().unwrap_or(0.0);
             progress.tick(step, format!("reward {reward_mean:.3} success {success:.2}"));
             progress.line(format!(
@@ -962,7 +966,7 @@ pub async fn run(opts: RunOptions) -> Result<Summary, RunError> {
                     let c = Cursor::at(step, cursor, &metrics_log, &rollouts_log, &after_warmup, &after_warmup_sampled, &ledger, wall(&t0));
                     checkpoint(&driver.learner, &dir, version, &c).await?;
                 }
-                write_status(&mut status, &dir, "stopped", step, version);
+                write_status(&mut status, &dir, "stopped", step, version, fleet.as_ref());
                 let why = format!("SIGTERM: stopped at RL step {step}/{steps} after a checkpoint; `launcher up … --resume --run-dir {}` continues it", dir.display());
                 progress.line(why.clone());
                 return Err(RunError::Stopped(why));
@@ -993,7 +997,7 @@ pub async fn run(opts: RunOptions) -> Result<Summary, RunError> {
     }
 
     // Held-out evaluation with the final policy.
-    write_status(&mut status, &dir, "eval", step, version);
+    write_status(&mut status, &dir, "eval", step, version, fleet.as_ref());
     driver.publish(version, true).await?;
     let eval = driver.evaluate(&held_out, recipe.seed + 1, true).await?;
     let f = figures(&eval);
@@ -1038,7 +1042,7 @@ pub async fn run(opts: RunOptions) -> Result<Summary, RunError> {
         wall_seconds: wall(&t0),
         metrics_addr: metrics_addr.clone(),
     };
-    write_status(&mut status, &dir, "done", step, version);
+    write_status(&mut status, &dir, "done", step, version, fleet.as_ref());
     let path = dir.join("summary.json");
     std::fs::write(&path, serde_json::to_string_pretty(&summary).expect("json")).map_err(io(&path))?;
     progress.line(format!(

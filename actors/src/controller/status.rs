@@ -27,6 +27,12 @@ pub struct ProcessEntry {
     pub roles: Vec<String>,
     /// Its start time in clock ticks after boot (`/proc/<pid>/stat` field 22).
     pub start_time: Option<u64>,
+    /// The policy version its actors hold (rollout: loaded and checked; learner: trained).
+    pub version: Option<u64>,
+    /// Seconds since the controller last heard from it (its heartbeat), when the status was written.
+    pub heartbeat_age_s: Option<f64>,
+    /// Times it was restarted.
+    pub restarts: u32,
 }
 
 /// The content of `status.json`.
@@ -81,7 +87,7 @@ impl RunStatus {
             start_time,
             boot_id: boot_id(),
             host: host.clone(),
-            processes: vec![ProcessEntry { name: "main".into(), pid, host, roles: roles.iter().map(|r| r.to_string()).collect(), start_time }],
+            processes: vec![ProcessEntry { name: "main".into(), pid, host, roles: roles.iter().map(|r| r.to_string()).collect(), start_time, ..Default::default() }],
             ..Default::default()
         }
     }

@@ -98,6 +98,8 @@ struct Core {
     my_data: String,
     next: AtomicU64,
     names: Vec<String>,
+    /// The policy version each rollout process holds (checked by its digest).
+    versions: Mutex<HashMap<String, u64>>,
     pending: Mutex<HashMap<Key, (String, oneshot::Sender<Reply>)>>,
 }
 
@@ -235,6 +237,7 @@ impl Fleet {
             my_data,
             next: AtomicU64::new(1),
             names: members.iter().map(|m| m.planned.name.clone()).collect(),
+            versions: Mutex::new(HashMap::new()),
             pending: Mutex::new(HashMap::new()),
         });
         let router = tokio::spawn(route(control, inbox, core.clone(), metrics));
@@ -251,11 +254,22 @@ impl Fleet {
         &self.me
     }
 
-    /// `status.json` entries of the started processes.
-    pub fn entries(&self) -> Vec<ProcessEntry> {
+    /// `status.json` entries of the started processes, with the version each
+    /// holds (learner ranks: `learner_version`) and its heartbeat's age now.
+    pub fn entries(&self, learner_version: u64) -> Vec<ProcessEntry> {
+        let versions = self.core.versions.lock().expect("versions lock");
         self.members
             .iter()
-            .map(|m| ProcessEntry { name: m.planned.name.clone(), pid: m.hello.pid, host: m.planned.host.clone(), roles: roles_of(&m.planned), start_time: m.hello.start_time })
+            .map(|m| ProcessEntry {
+                name: m.planned.name.clone(),
+                pid: m.hello.pid,
+                host: m.planned.host.clone(),
+                roles: roles_of(&m.planned),
+                start_time: m.hello.start_time,
+                version: if has(&m.planned, Role::Learner) { Some(learner_version) } else { versions.get(&m.planned.name).copied() },
+                heartbeat_age_s: self.core.tx.last_heard(&m.planned.name).map(|d| d.as_secs_f64()),
+                restarts: 0,
+            })
             .collect()
     }
 
@@ -452,7 +466,12 @@ impl Actor for RemoteRollout {
                 let out: Result<WeightAck, String> = match core.out.send(&s.data, DataMsg::Weights { id, update }).await {
                     Err(e) => Err(e),
                     Ok(()) => match rx.await {
-                        Ok(Reply::Control(ControlMsg::WeightsLoaded { result, .. })) => result,
+                        Ok(Reply::Control(ControlMsg::WeightsLoaded { result, .. })) => {
+                            if let Ok(ack) = &result {
+                                core.versions.lock().expect("versions lock").insert(s.process.clone(), ack.version);
+                            }
+                            result
+                        }
                         Ok(Reply::Lost(p)) => Err(format!("{p} is lost")),
                         other => Err(format!("unexpected answer {other:?}")),
                     },

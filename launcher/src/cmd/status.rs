@@ -58,7 +58,17 @@ pub fn status(a: RunDirArgs) -> CliResult {
     }
     println!("  processes ({}):", s.processes.len());
     for p in &s.processes {
-        println!("    {}  pid={}  host={}  roles={}", clean(&p.name), p.pid, clean(&p.host), clean(&p.roles.join(",")));
+        let mut line = format!("    {}  pid={}  host={}  roles={}", clean(&p.name), p.pid, clean(&p.host), clean(&p.roles.join(",")));
+        if let Some(v) = p.version {
+            line.push_str(&format!("  version={v}"));
+        }
+        if let Some(a) = p.heartbeat_age_s {
+            line.push_str(&format!("  heartbeat={a:.1}s ago"));
+        }
+        if p.heartbeat_age_s.is_some() || p.restarts > 0 {
+            line.push_str(&format!("  restarts={}", p.restarts));
+        }
+        println!("{line}");
     }
     match owner {
         PidOwner::Job => Ok(()),
