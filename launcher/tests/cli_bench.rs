@@ -73,3 +73,45 @@ fn bench_learner_alternates_rounds_and_can_give_the_peer_fused_adamw() {
     assert_eq!(r["peer_optimizer"], "torch.optim.AdamW(fused=True)", "{r}");
     assert!(r["ours_median_s"].as_f64().unwrap() > 0.0 && r["torch_median_s"].as_f64().unwrap() > 0.0, "{r}");
 }
+
+/// `launcher bench pipeline`: real `launcher up` runs of one topology in one
+/// process and one of several processes, alternating; per-round speeds and the
+/// median ratio printed.
+#[test]
+fn bench_pipeline_times_the_rl_phase_on_two_topologies_in_alternating_rounds() {
+    let tmp = tempfile::tempdir().unwrap();
+    let topo = |name: &str, rollout: &str| {
+        let text = format!(
+            "name = \"{name}\"\n[[nodes]]\nname = \"local\"\nhost = \"127.0.0.1\"\n{}\n[controller]\nnode = \"local\"\nprocess = \"main\"\n\
+             [weight_sync]\nnode = \"local\"\nprocess = \"main\"\n[rollout]\nplacement = [{rollout}]\n\
+             [reward]\nplacement = [{{ node = \"local\", actors = 1, process = \"main\" }}]\n\
+             [learner]\nranks = 1\nplacement = [{{ node = \"local\", actors = 1, process = \"main\" }}]\n",
+            free_ports_table(4)
+        );
+        let p = tmp.path().join(format!("{name}.toml"));
+        std::fs::write(&p, text).unwrap();
+        p.to_str().unwrap().to_string()
+    };
+    let (one, two) = (topo("one", r#"{ node = "local", actors = 1, process = "main" }"#), topo("two", r#"{ node = "local", actors = 2 }"#));
+    let recipe = tmp.path().join("bench.toml");
+    std::fs::write(&recipe, "reward = \"process\"\n[model]\nhidden = 32\nlayers = 1\n[tasks]\nsize = 64\nheld_out = 100\n[sft]\nsteps = 2\nbatch_size = 4\ntasks = 256\n[rl]\nsteps = 100\ngroup_size = 2\ngroups_per_step = 2\nmax_new_tokens = 16\n").unwrap();
+    let keep = tmp.path().join("runs");
+    let o = launcher(&["bench", "pipeline", "--base", &one, "--against", &two, "--recipe", recipe.to_str().unwrap(), "--sft-steps", "2", "--rl-steps", "4", "--rounds", "2", "--keep", keep.to_str().unwrap()]);
+    assert_eq!(code(&o), 0, "{}", stderr(&o));
+    let report: Value = serde_json::from_str(stdout(&o).lines().last().unwrap()).unwrap();
+    let rounds = report["rounds"].as_array().unwrap();
+    assert_eq!(rounds.len(), 2);
+    for r in rounds {
+        let (b, a, ratio) = (r["base_steps_per_s"].as_f64().unwrap(), r["against_steps_per_s"].as_f64().unwrap(), r["ratio"].as_f64().unwrap());
+        assert!(b > 0.0 && a > 0.0 && (ratio - a / b).abs() < 1e-9, "{r}");
+    }
+    let m = report["median_ratio"].as_f64().unwrap();
+    assert!((m - 0.5 * (rounds[0]["ratio"].as_f64().unwrap() + rounds[1]["ratio"].as_f64().unwrap())).abs() < 1e-9);
+    // Both topologies really ran: the second one's rollouts came from two other processes.
+    assert!(keep.join("round0-against/logs/local_rollout-1.log").is_file());
+    assert_eq!(std::fs::read_to_string(keep.join("round1-base/metrics.jsonl")).unwrap().lines().count(), 4);
+
+    let o = launcher(&["bench", "pipeline", "--rl-steps", "2"]);
+    assert_eq!(code(&o), 2);
+    assert!(stderr(&o).contains("--rl-steps: at least 3"), "{}", stderr(&o));
+}

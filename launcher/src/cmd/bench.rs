@@ -28,6 +28,8 @@ enum Bench {
     Allreduce(AllreduceArgs),
     /// CPU weight sync (bucketed broadcast, XXH3 per bucket) from one sender to 1, 2 and 4 receiver processes vs the loopback copy bandwidth.
     WeightSync(WeightSyncArgs),
+    /// RL-phase steps/s of one recipe on local (one process) vs local-procs (six), in alternating rounds.
+    Pipeline(super::bench_pipeline::PipelineArgs),
 }
 
 #[derive(Args)]
@@ -131,6 +133,7 @@ pub fn run(a: BenchArgs) -> CliResult {
         Bench::Learner(l) => learner(l),
         Bench::Allreduce(r) => allreduce(r),
         Bench::WeightSync(w) => weight_sync(w),
+        Bench::Pipeline(p) => super::bench_pipeline::pipeline(p),
     }
 }
 
