@@ -65,7 +65,7 @@ fn up_checks_everything_before_it_creates_anything() {
     let tmp = tempfile::tempdir().unwrap();
     let run = tmp.path().join("run");
     let tiny = recipe(tmp.path(), 2, "1e-4");
-    // A multi-process GPU topology: refused by --dry-run as by up, naming the field.
+    // A GPU topology: refused by --dry-run as by up, naming the field.
     for dry in [true, false] {
         let mut c = Command::new(env!("CARGO_BIN_EXE_launcher"));
         c.current_dir(repo()).args(["up", "deploy/dev-2gpu.toml", "--recipe", &tiny, "--run-dir", run.to_str().unwrap()]);
@@ -74,7 +74,7 @@ fn up_checks_everything_before_it_creates_anything() {
         }
         let o = c.output().unwrap();
         assert_eq!(o.status.code(), Some(2), "dry {dry}: {}", err(&o));
-        assert!(err(&o).contains("deploy/dev-2gpu.toml: field \"rollout.placement[0]\"") && err(&o).contains("single-process CPU topologies only"), "{}", err(&o));
+        assert!(err(&o).contains("deploy/dev-2gpu.toml: field \"rollout.placement[0]\"") && err(&o).contains("this build starts CPU topologies only"), "{}", err(&o));
     }
     // A model directory that does not exist, or holds no tokenizer.
     let half = tmp.path().join("half-model");
