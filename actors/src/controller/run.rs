@@ -529,6 +529,150 @@ fn first_difference(path: &str, a: &Value, b: &Value) -> Option<(String, Value, 
     }
 }
 
+/// The policy's initial model directory: a created tiny model (with its task
+/// tokenizer, learned here) in `RUN_DIR/initial-model`, the one a resumed run
+/// created, or the recipe's transformers directory.
+fn policy_dir(recipe: &Recipe, dir: &Path, resume: bool, tokenizer_dir: &Path, train: &[Task], sft_tasks: &[Task], registry: &ToolRegistry) -> Result<PathBuf, RunError> {
+    if !recipe.tiny_model() {
+        return Ok(PathBuf::from(&recipe.model.path));
+    }
+    let d = dir.join("initial-model");
+    if resume {
+        return Ok(d);
+    }
+    let setup = |e: InitError| RunError::Setup(e.to_string());
+    let tokenizer_dir = if recipe.model.tokenizer == "task" {
+        let corpus: Vec<Task> = train.iter().chain(sft_tasks.iter().take(1024)).cloned().collect();
+        build_task_tokenizer(&d, &corpus, registry, recipe.model.vocab_size).map_err(setup)?;
+        d.clone()
+    } else {
+        tokenizer_dir.to_path_buf()
+    };
+    create_tiny_model(&d, &tokenizer_dir, recipe.tiny_spec(), recipe.seed).map_err(setup)
+}
+
+/// What one RL step did, for its record.
+struct StepFacts<'a> {
+    step: u64,
+    version: u64,
+    stats: &'a StepStats,
+    admitted: &'a [ScoredGroup],
+    gen_tok_s: f64,
+    max_stale: u64,
+    seconds: f64,
+}
+
+/// One RL step's `metrics.jsonl` row (reward and its components, the rollout
+/// figures, the learner's statistics), also set on the step's gauges.
+fn step_record(metrics: &Metrics, recipe: &Recipe, s: &StepFacts<'_>) -> Value {
+    let (stats, admitted) = (s.stats, s.admitted);
+    let f = figures(admitted);
+    let reward_mean = admitted.iter().flat_map(|g| g.scores.iter().map(|s| s.total)).sum::<f64>() / (admitted.len() * recipe.rl.group_size) as f64;
+    let mut row = json!({
+        "step": s.step, "version": s.version, "reward_mean": reward_mean, "loss": stats.loss, "kl": stats.kl, "entropy": stats.entropy,
+        "clip_fraction": stats.clip_fraction, "grad_norm": stats.grad_norm, "learner_tokens_per_s": stats.tokens_per_s,
+        "tokens_per_s": s.gen_tok_s, "staleness_max": s.max_stale, "groups_trained": admitted.len(), "seconds": s.seconds,
+    });
+    for (k, v) in f.as_object().expect("object") {
+        row[k] = v.clone();
+    }
+    let mut comp: HashMap<String, (f64, f64)> = HashMap::new();
+    for t in admitted.iter().flat_map(|g| &g.scores) {
+        for (name, v) in &t.components {
+            if let Some(v) = v {
+                let e = comp.entry(name.clone()).or_default();
+                e.0 += v;
+                e.1 += 1.0;
+            }
+        }
+    }
+    for (name, (sum, n)) in &comp {
+        row[format!("reward/{name}")] = json!(sum / n);
+        metrics.reward_component.with_label_values(&[name]).set(sum / n);
+    }
+    let totals: Vec<f64> = admitted.iter().flat_map(|g| g.scores.iter().map(|s| s.total)).collect();
+    let function = format!("{:?}", recipe.reward).to_lowercase();
+    let rate = |k: &str| f[k].as_f64().unwrap_or(0.0);
+    metrics.reward_mean.with_label_values(&[&function]).set(reward_mean);
+    metrics.reward_std.with_label_values(&[&function]).set(rlmesh_core::reward::combine::nanstd(&totals));
+    metrics.trajectory_success.with_label_values(&["train"]).set(rate("trajectory_success"));
+    metrics.final_answer_accuracy.with_label_values(&["train"]).set(rate("final_answer_accuracy"));
+    metrics.tool_call_rate.with_label_values(&["train"]).set(rate("tool_call_rate"));
+    metrics.unnecessary_tool_rate.with_label_values(&["train"]).set(rate("unnecessary_tool_rate"));
+    metrics.repeated_call_rate.with_label_values(&["train"]).set(rate("repeated_call_rate"));
+    metrics.tokens_per_second.with_label_values(&["rollout"]).set(s.gen_tok_s);
+    metrics.tokens_per_second.with_label_values(&["learner"]).set(stats.tokens_per_s);
+    metrics.policy_version.with_label_values(&["learner"]).set(s.version as f64);
+    metrics.learner_step.set(s.step as f64);
+    metrics.learner_loss.set(stats.loss);
+    metrics.learner_kl.set(stats.kl.unwrap_or(0.0));
+    metrics.learner_entropy.set(stats.entropy);
+    metrics.learner_clip_fraction.set(stats.clip_fraction.unwrap_or(0.0));
+    metrics.learner_grad_norm.set(stats.grad_norm);
+    row
+}
+
+/// The SFT warm-up: `steps` batches of expert conversations (noisy strategies
+/// drawn with the recipe's mix), one learner step each.
+struct WarmUp<'a> {
+    learner: &'a ActorRef<LearnerMsg>,
+    tokenizer: &'a Tokenizer,
+    registry: &'a ToolRegistry,
+    recipe: &'a Recipe,
+    tasks: &'a [Task],
+    steps: u64,
+}
+
+impl WarmUp<'_> {
+    /// Runs it, reporting progress; a SIGTERM (`stopping`) ends it with [`RunError::Stopped`].
+    async fn run(&self, progress: &Progress, metrics: &Metrics, stopping: &dyn Fn() -> bool) -> Result<(), RunError> {
+        let (recipe, sft_steps) = (self.recipe, self.steps);
+        let mut rng = recipe.seed ^ 0x5f7;
+        let mut sft_cursor = 0usize;
+        // Expert conversations are rendered once per (task, strategy) and reused.
+        let mut experts: HashMap<(usize, crate::warmup::Strategy), SftSequence> = HashMap::new();
+        // Batches are drawn in task order with a random strategy each (no length
+        // bucketing: batches of one length are of one task kind, and the warm-up
+        // then swings between calling and not calling — measured: 49.5% held-out
+        // success after 3,000 bucketed steps vs 76.5% after 1,500 unbucketed ones).
+        let warmup_start = Instant::now();
+        progress.bar("sft", sft_steps, 0);
+        for step in 0..sft_steps {
+            if stopping() {
+                progress.finish_bar();
+                let why = format!("SIGTERM during the warm-up (step {step}/{sft_steps}): stopped; a run has no checkpoint before its warm-up ends, so start it again");
+                progress.line(why.clone());
+                return Err(RunError::Stopped(why));
+            }
+            let mut seqs = Vec::with_capacity(recipe.sft.batch_size);
+            for _ in 0..recipe.sft.batch_size {
+                let index = sft_cursor % self.tasks.len();
+                sft_cursor += 1;
+                let task = &self.tasks[index];
+                let u = (mix(&mut rng) >> 11) as f64 / (1u64 << 53) as f64;
+                let strategy = pick_strategy(&recipe.sft.mix, task, u);
+                if !experts.contains_key(&(index, strategy)) {
+                    let ex = expert_example(self.tokenizer, self.registry, task, strategy, None).map_err(|e| RunError::Setup(e.to_string()))?;
+                    experts.insert((index, strategy), SftSequence { token_ids: ex.token_ids, loss_mask: ex.loss_mask });
+                }
+                seqs.push(experts[&(index, strategy)].clone());
+            }
+            let stats: StepStats = ractor::call!(self.learner, LearnerMsg::Sft, SftBatch { sequences: seqs })
+                .map_err(|e| RunError::Actor { actor: "learner", message: e.to_string() })?
+                .map_err(actor_err("learner"))?;
+            metrics.warmup_step.set((step + 1) as f64);
+            metrics.warmup_loss.set(stats.loss);
+            let eta = eta(warmup_start.elapsed(), step + 1, sft_steps);
+            progress.tick(step + 1, format!("loss {:.3}", stats.loss));
+            if step % (sft_steps / 20).max(25) == 0 || step + 1 == sft_steps || progress.due() {
+                progress.line(format!("sft {}/{sft_steps} loss {:.3} ({:.0} tok/s) ETA {eta}", step + 1, stats.loss, stats.tokens_per_s));
+            }
+        }
+        progress.finish_bar();
+        Ok(())
+    }
+}
+
 /// Run a recipe to the end; returns the summary (also written to `summary.json`).
 pub async fn run(opts: RunOptions) -> Result<Summary, RunError> {
     let t0 = Instant::now();
@@ -588,22 +732,7 @@ pub async fn run(opts: RunOptions) -> Result<Summary, RunError> {
     let registry = ToolRegistry::from_names(&recipe.tools, limits).map_err(|e| RunError::Setup(e.to_string()))?;
     let (train, mut held_out) = recipe.tasks().map_err(|e| RunError::Setup(e.to_string()))?;
     let sft_tasks = if recipe.sft.steps > 0 { recipe.sft_tasks(&held_out).map_err(|e| RunError::Setup(e.to_string()))? } else { vec![] };
-    let model_dir = if recipe.tiny_model() && opts.resume {
-        dir.join("initial-model")
-    } else if recipe.tiny_model() {
-        let d = dir.join("initial-model");
-        let setup = |e: InitError| RunError::Setup(e.to_string());
-        let tokenizer_dir = if recipe.model.tokenizer == "task" {
-            let corpus: Vec<Task> = train.iter().chain(sft_tasks.iter().take(1024)).cloned().collect();
-            build_task_tokenizer(&d, &corpus, &registry, recipe.model.vocab_size).map_err(setup)?;
-            d.clone()
-        } else {
-            opts.tokenizer_dir.clone()
-        };
-        create_tiny_model(&d, &tokenizer_dir, recipe.tiny_spec(), recipe.seed).map_err(setup)?
-    } else {
-        PathBuf::from(&recipe.model.path)
-    };
+    let model_dir = policy_dir(&recipe, &dir, opts.resume, &opts.tokenizer_dir, &train, &sft_tasks, &registry)?;
     let tokenizer = Tokenizer::load(&model_dir).map_err(|e| RunError::Setup(e.to_string()))?;
     if let Some(n) = opts.eval_limit {
         held_out.truncate(n);
@@ -651,49 +780,13 @@ pub async fn run(opts: RunOptions) -> Result<Summary, RunError> {
                 .0
         }
     };
-    let mut rng = recipe.seed ^ 0x5f7;
-    let mut sft_cursor = 0usize;
-    // Expert conversations are rendered once per (task, strategy) and reused.
-    let mut experts: HashMap<(usize, crate::warmup::Strategy), SftSequence> = HashMap::new();
-    // Batches are drawn in task order with a random strategy each (no length
-    // bucketing: batches of one length are of one task kind, and the warm-up
-    // then swings between calling and not calling — measured: 49.5% held-out
-    // success after 3,000 bucketed steps vs 76.5% after 1,500 unbucketed ones).
-    let warmup_start = Instant::now();
-    progress.bar("sft", sft_steps, 0);
-    for step in 0..sft_steps {
-        if stopping() {
-            progress.finish_bar();
+    let warm = WarmUp { learner: &learner, tokenizer: &tokenizer, registry: &registry, recipe: &recipe, tasks: &sft_tasks, steps: sft_steps };
+    if let Err(e) = warm.run(&progress, &metrics, &stopping).await {
+        if matches!(e, RunError::Stopped(_)) {
             write_status(&mut status, &dir, "stopped", 0, 0, fleet.as_ref());
-            let why = format!("SIGTERM during the warm-up (step {step}/{sft_steps}): stopped; a run has no checkpoint before its warm-up ends, so start it again");
-            progress.line(why.clone());
-            return Err(RunError::Stopped(why));
         }
-        let mut seqs = Vec::with_capacity(recipe.sft.batch_size);
-        for _ in 0..recipe.sft.batch_size {
-            let index = sft_cursor % sft_tasks.len();
-            sft_cursor += 1;
-            let task = &sft_tasks[index];
-            let u = (mix(&mut rng) >> 11) as f64 / (1u64 << 53) as f64;
-            let strategy = pick_strategy(&recipe.sft.mix, task, u);
-            if !experts.contains_key(&(index, strategy)) {
-                let ex = expert_example(&tokenizer, &registry, task, strategy, None).map_err(|e| RunError::Setup(e.to_string()))?;
-                experts.insert((index, strategy), SftSequence { token_ids: ex.token_ids, loss_mask: ex.loss_mask });
-            }
-            seqs.push(experts[&(index, strategy)].clone());
-        }
-        let stats: StepStats = ractor::call!(learner, LearnerMsg::Sft, SftBatch { sequences: seqs })
-            .map_err(|e| RunError::Actor { actor: "learner", message: e.to_string() })?
-            .map_err(actor_err("learner"))?;
-        metrics.warmup_step.set((step + 1) as f64);
-        metrics.warmup_loss.set(stats.loss);
-        let eta = eta(warmup_start.elapsed(), step + 1, sft_steps);
-        progress.tick(step + 1, format!("loss {:.3}", stats.loss));
-        if step % (sft_steps / 20).max(25) == 0 || step + 1 == sft_steps || progress.due() {
-            progress.line(format!("sft {}/{sft_steps} loss {:.3} ({:.0} tok/s) ETA {eta}", step + 1, stats.loss, stats.tokens_per_s));
-        }
+        return Err(e);
     }
-    progress.finish_bar();
     let resumed: Option<(u64, Cursor)> = if opts.resume {
         let meta = ractor::call!(learner, LearnerMsg::Resume, dir.join("checkpoints"), rl_learner_config(&recipe))
             .map_err(|e| RunError::Actor { actor: "learner", message: e.to_string() })?
@@ -901,49 +994,9 @@ pub async fn run(opts: RunOptions) -> Result<Summary, RunError> {
                     metrics.weight_sync_seconds.observe(secs);
                 }
             }
-            let f = figures(&admitted);
-            let reward_mean = admitted.iter().flat_map(|g| g.scores.iter().map(|s| s.total)).sum::<f64>() / (admitted.len() * recipe.rl.group_size) as f64;
-            let mut row = json!({
-                "step": step, "version": version, "reward_mean": reward_mean, "loss": stats.loss, "kl": stats.kl, "entropy": stats.entropy,
-                "clip_fraction": stats.clip_fraction, "grad_norm": stats.grad_norm, "learner_tokens_per_s": stats.tokens_per_s,
-                "tokens_per_s": if gen_seconds > 0.0 { gen_tokens as f64 / gen_seconds } else { 0.0 }, "staleness_max": max_stale,
-                "groups_trained": admitted.len(), "seconds": t0.elapsed().as_secs_f64(),
-            });
-            for (k, v) in f.as_object().expect("object") {
-                row[k] = v.clone();
-            }
-            let mut comp: HashMap<String, (f64, f64)> = HashMap::new();
-            for s in admitted.iter().flat_map(|g| &g.scores) {
-                for (name, v) in &s.components {
-                    if let Some(v) = v {
-                        let e = comp.entry(name.clone()).or_default();
-                        e.0 += v;
-                        e.1 += 1.0;
-                    }
-                }
-            }
-            for (name, (sum, n)) in &comp {
-                row[format!("reward/{name}")] = json!(sum / n);
-                metrics.reward_component.with_label_values(&[name]).set(sum / n);
-            }
-            let totals: Vec<f64> = admitted.iter().flat_map(|g| g.scores.iter().map(|s| s.total)).collect();
-            let function = format!("{:?}", recipe.reward).to_lowercase();
-            metrics.reward_mean.with_label_values(&[&function]).set(reward_mean);
-            metrics.reward_std.with_label_values(&[&function]).set(rlmesh_core::reward::combine::nanstd(&totals));
-            metrics.trajectory_success.with_label_values(&["train"]).set(f["trajectory_success"].as_f64().unwrap_or(0.0));
-            metrics.final_answer_accuracy.with_label_values(&["train"]).set(f["final_answer_accuracy"].as_f64().unwrap_or(0.0));
-            metrics.tool_call_rate.with_label_values(&["train"]).set(f["tool_call_rate"].as_f64().unwrap_or(0.0));
-            metrics.unnecessary_tool_rate.with_label_values(&["train"]).set(f["unnecessary_tool_rate"].as_f64().unwrap_or(0.0));
-            metrics.repeated_call_rate.with_label_values(&["train"]).set(f["repeated_call_rate"].as_f64().unwrap_or(0.0));
-            metrics.tokens_per_second.with_label_values(&["rollout"]).set(row["tokens_per_s"].as_f64().unwrap_or(0.0));
-            metrics.tokens_per_second.with_label_values(&["learner"]).set(stats.tokens_per_s);
-            metrics.policy_version.with_label_values(&["learner"]).set(version as f64);
-            metrics.learner_step.set(step as f64);
-            metrics.learner_loss.set(stats.loss);
-            metrics.learner_kl.set(stats.kl.unwrap_or(0.0));
-            metrics.learner_entropy.set(stats.entropy);
-            metrics.learner_clip_fraction.set(stats.clip_fraction.unwrap_or(0.0));
-            metrics.learner_grad_norm.set(stats.grad_norm);
+            let gen_tok_s = if gen_seconds > 0.0 { gen_tokens as f64 / gen_seconds } else { 0.0 };
+            let row = step_record(&metrics, &recipe, &StepFacts { step, version, stats: &stats, admitted: &admitted, gen_tok_s, max_stale, seconds: t0.elapsed().as_secs_f64() });
+            let (reward_mean, f) = (row["reward_mean"].as_f64().unwrap_or(0.0), &row);
             metrics_log.write(&row)?;
             if step % recipe.rl.checkpoint_every == 0 && step < steps {
                 let c = Cursor::at(step, cursor, &metrics_log, &rollouts_log, &after_warmup, &after_warmup_sampled, &ledger, wall(&t0));
