@@ -551,6 +551,48 @@ fn policy_dir(recipe: &Recipe, dir: &Path, resume: bool, tokenizer_dir: &Path, t
     create_tiny_model(&d, &tokenizer_dir, recipe.tiny_spec(), recipe.seed).map_err(setup)
 }
 
+/// The next request's `n` groups: those to send out again first (their work
+/// was lost), then new ones in task order; each is recorded in the ledger.
+fn next_groups(n: usize, retry: &mut VecDeque<(u64, Task)>, ledger: &mut Ledger, train: &[Task], cursor: &mut usize, version: u64, metrics: &Metrics) -> Result<Vec<(u64, Task)>, RunError> {
+    let mut groups = Vec::with_capacity(n);
+    while groups.len() < n {
+        if let Some(g) = retry.pop_front() {
+            ledger.redispatch(g.0, version)?;
+            metrics.groups_redispatched_total.inc();
+            groups.push(g);
+        } else {
+            let id = ledger.next_group_id();
+            ledger.dispatch(id, version)?;
+            metrics.groups_dispatched_total.inc();
+            groups.push((id, train[*cursor % train.len()].clone()));
+            *cursor += 1;
+        }
+    }
+    Ok(groups)
+}
+
+/// The groups of a batch the staleness gate lets the learner train on at
+/// `version`, and their largest staleness; the others are dropped in the ledger.
+fn admit(batch: Vec<ScoredGroup>, gate: &mut Gate, ledger: &mut Ledger, version: u64, metrics: &Metrics) -> Result<(Vec<ScoredGroup>, u64), RunError> {
+    let mut admitted = vec![];
+    let mut max_stale = 0u64;
+    for g in batch {
+        let v = g.group.trajectories.iter().filter_map(|t| t.min_version()).min().unwrap_or(version);
+        match gate.admit(v, version).map_err(|e| RunError::Actor { actor: "controller", message: e.to_string() })? {
+            Admission::Train { staleness } => {
+                max_stale = max_stale.max(staleness);
+                metrics.staleness.observe(staleness as f64);
+                admitted.push(g);
+            }
+            Admission::Stale { .. } => {
+                ledger.dropped(g.group.group_id, "stale")?;
+                metrics.groups_dropped_total.with_label_values(&["stale"]).inc();
+            }
+        }
+    }
+    Ok((admitted, max_stale))
+}
+
 /// What one RL step did, for its record.
 struct StepFacts<'a> {
     step: u64,
@@ -906,20 +948,7 @@ pub async fn run(opts: RunOptions) -> Result<Summary, RunError> {
         // Out or waiting, never more than the steps still to train (a stale or lost request is replaced).
         let wanted = (1 + ahead).min((steps - step) as usize);
         while inflight.len() + ready.len() / gps.max(1) < wanted {
-            let mut groups = vec![];
-            while groups.len() < gps {
-                if let Some(g) = retry.pop_front() {
-                    ledger.redispatch(g.0, version)?;
-                    metrics.groups_redispatched_total.inc();
-                    groups.push(g);
-                } else {
-                    let id = ledger.next_group_id();
-                    ledger.dispatch(id, version)?;
-                    metrics.groups_dispatched_total.inc();
-                    groups.push((id, train[cursor % train.len()].clone()));
-                    cursor += 1;
-                }
-            }
+            let groups = next_groups(gps, &mut retry, &mut ledger, &train, &mut cursor, version, &metrics)?;
             dispatched_requests += 1;
             let target = driver.pick().await?;
             let seed = recipe.seed.wrapping_mul(1_000_003).wrapping_add(dispatched_requests);
@@ -952,23 +981,7 @@ pub async fn run(opts: RunOptions) -> Result<Summary, RunError> {
             }
         }
         while ready.len() >= gps && step < steps {
-            let batch: Vec<ScoredGroup> = ready.drain(..gps).collect();
-            let mut admitted = vec![];
-            let mut max_stale = 0u64;
-            for g in batch {
-                let v = g.group.trajectories.iter().filter_map(|t| t.min_version()).min().unwrap_or(version);
-                match gate.admit(v, version).map_err(|e| RunError::Actor { actor: "controller", message: e.to_string() })? {
-                    Admission::Train { staleness } => {
-                        max_stale = max_stale.max(staleness);
-                        metrics.staleness.observe(staleness as f64);
-                        admitted.push(g);
-                    }
-                    Admission::Stale { .. } => {
-                        ledger.dropped(g.group.group_id, "stale")?;
-                        metrics.groups_dropped_total.with_label_values(&["stale"]).inc();
-                    }
-                }
-            }
+            let (admitted, max_stale) = admit(ready.drain(..gps).collect(), &mut gate, &mut ledger, version, &metrics)?;
             if admitted.is_empty() {
                 continue;
             }
