@@ -250,6 +250,11 @@ fn bad_input_to_a_live_run_is_refused_counted_and_named_and_the_run_finishes() {
         tokio::time::sleep(Duration::from_secs(3)).await;
     });
 
+    // Every other process serves /metrics on its planned port (the i-th process of the host: base + i).
+    for i in [1, 2] {
+        let node = scrape(&format!("127.0.0.1:{}", base("metrics") + i));
+        assert!(node.contains("rlmesh_control_sessions_refused_total 0"), "process {i}'s /metrics:\n{node}");
+    }
     let text = scrape(&metrics);
     for (plane, reason) in [("data", "malformed"), ("data", "unauthenticated"), ("data", "version"), ("control", "malformed"), ("control", "too_large"), ("control", "version")] {
         let n = series(&text, &format!("rlmesh_frames_refused_total{{plane=\"{plane}\",reason=\"{reason}\"}}"));
