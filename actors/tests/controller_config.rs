@@ -187,7 +187,7 @@ fn topology_overlapping_ports_are_refused() {
         )
     );
     let text = edit(&read("deploy/dev-2gpu.toml"), "master = 29400", "master = 9101");
-    assert!(topology_error(&text).contains("field \"ports.master\": ports 9101..=9101 on host \"127.0.0.1\" overlap ports.metrics (9100..=9102)"));
+    assert!(topology_error(&text).contains("field \"ports.master\": ports 9101..=9102 on host \"127.0.0.1\" overlap ports.metrics (9100..=9102)"));
 }
 
 #[test]

@@ -154,9 +154,10 @@ fn warmup_checkpoint(run: &Path) -> PathBuf {
 fn two_learner_ranks_in_their_own_processes_train_like_one() {
     let tmp = tempfile::tempdir().unwrap();
     let recipe = recipe(tmp.path());
-    let here = r#"{ node = "local", actors = 1, process = "main" }"#;
-    let r1 = topology(tmp.path(), "ranks1", here, 1, r#"{ node = "local", actors = 1 }"#);
-    let r2 = topology(tmp.path(), "ranks2", here, 2, r#"{ node = "local", actors = 2 }"#);
+    // The rollout actor in a process of its own: its weights come from learner rank 0 through the weight-sync group.
+    let own = r#"{ node = "local", actors = 1 }"#;
+    let r1 = topology(tmp.path(), "ranks1", own, 1, r#"{ node = "local", actors = 1 }"#);
+    let r2 = topology(tmp.path(), "ranks2", own, 2, r#"{ node = "local", actors = 2 }"#);
     let (a, b) = (tmp.path().join("r1"), tmp.path().join("r2"));
     run_ok(&r1, &recipe, &a);
     run_ok(&r2, &recipe, &b);
@@ -176,6 +177,10 @@ fn two_learner_ranks_in_their_own_processes_train_like_one() {
     for (p, q) in column(&a, "grad_norm").iter().zip(column(&b, "grad_norm")) {
         assert!((p - q).abs() <= 1e-3 * p.abs().max(1.0), "grad norm {p} (1 rank) vs {q} (2 ranks)");
     }
+    // Every rollout process holds the last version, received from learner rank 0.
+    let status: Value = serde_json::from_str(&std::fs::read_to_string(b.join("status.json")).unwrap()).unwrap();
+    let rollout = status["processes"].as_array().unwrap().iter().find(|p| p["roles"][0] == "rollout").unwrap();
+    assert_eq!(rollout["version"], status["version"], "{status}");
     assert_no_nodes_left(&b);
 }
 

@@ -18,7 +18,7 @@ use super::supervisor::{RolloutSlots, RolloutSupervisor, SupervisorArgs};
 use crate::learner::actor::{LearnerActor, LearnerArgs, LearnerMsg};
 use crate::learner::{AdamWConfig, CheckpointMeta, ClipParams, LearnerConfig, LrSchedule, SftBatch, SftSequence, StepStats, TrainBatch, TrainSequence};
 use crate::metrics::{serve, Metrics};
-use crate::node::fleet::{Fleet, FleetSpec, RoleSetup};
+use crate::node::fleet::{Fleet, FleetSpec, Publisher, RoleSetup};
 use crate::node::wire::RolloutSetup;
 use crate::reward::{RewardActor, RewardMsg, ScoredGroup};
 use crate::rollout::actor::{Purpose, RolloutArgs, RolloutMsg, RolloutRequest, RolloutResult};
@@ -799,7 +799,7 @@ pub async fn run(opts: RunOptions) -> Result<Summary, RunError> {
         sampling: SamplingParams { max_new_tokens: recipe.rl.max_new_tokens, temperature: recipe.rl.temperature, ..Default::default() },
         system_prompt: None,
     };
-    let hosted = match &fleet {
+    let mut hosted = match &fleet {
         Some(f) => {
             let roles = RoleSetup {
                 model_dir: model_dir.clone(),
@@ -878,6 +878,7 @@ pub async fn run(opts: RunOptions) -> Result<Summary, RunError> {
         weight_sync,
         slots,
         remote,
+        publisher: hosted.as_mut().and_then(|h| h.publisher.take()),
         metrics: metrics.clone(),
         latest: None,
         versions: HashMap::new(),
@@ -998,13 +999,14 @@ pub async fn run(opts: RunOptions) -> Result<Summary, RunError> {
                 }
             }
             version += 1;
-            driver.snapshot(version).await?;
             if let Some(acks) = driver.publish(version, mode == Mode::Sync).await? {
                 publishes.spawn(async move { acks.await.map_err(|e| e.to_string())? });
             }
             while let Some(done) = publishes.try_join_next() {
-                if let Ok(Ok(secs)) = done {
-                    metrics.weight_sync_seconds.observe(secs);
+                match done {
+                    Ok(Ok(secs)) => metrics.weight_sync_seconds.observe(secs),
+                    Ok(Err(e)) => progress.line(format!("weight sync failed: {e}")),
+                    Err(e) => progress.line(format!("weight sync failed: {e}")),
                 }
             }
             let gen_tok_s = if gen_seconds > 0.0 { gen_tokens as f64 / gen_seconds } else { 0.0 };
@@ -1133,6 +1135,8 @@ struct Driver {
     slots: RolloutSlots,
     /// Proxies of the rollout actors in other processes.
     remote: Vec<ActorRef<RolloutMsg>>,
+    /// Their weight-sync group, when there is one.
+    publisher: Option<Publisher>,
     metrics: Arc<Metrics>,
     latest: Option<WeightUpdate>,
     /// Version each rollout actor (by id) has been sent.
@@ -1154,20 +1158,48 @@ impl Driver {
 
     /// Publish `version` to every live rollout actor; with `wait`, until their
     /// digest-checked acks, otherwise only until the update is queued ahead of any later request.
+    ///
+    /// Rollout processes get it through their weight-sync group (from learner
+    /// rank 0, or from here when the learner is in this process); actors in
+    /// this process, or in processes without a group, through the weight-sync
+    /// actor. The controller fetches the image only when it sends it itself.
     async fn publish(&mut self, version: u64, wait: bool) -> Result<Option<tokio::task::JoinHandle<Result<f64, String>>>, RunError> {
-        if self.latest.as_ref().is_none_or(|u| u.version != version) {
+        let targets = self.live();
+        let remote_ids: std::collections::HashSet<ractor::ActorId> = self.remote.iter().map(|r| r.get_id()).collect();
+        let (remote, local): (Vec<_>, Vec<_>) = targets.into_iter().partition(|t| remote_ids.contains(&t.get_id()));
+        let grouped = self.publisher.is_some() && !remote.is_empty();
+        let via_actor: Vec<ActorRef<RolloutMsg>> = if grouped { local } else { local.into_iter().chain(remote.iter().cloned()).collect() };
+        let need_image = !via_actor.is_empty() || (grouped && self.publisher.as_ref().is_some_and(Publisher::needs_image));
+        if need_image && self.latest.as_ref().is_none_or(|u| u.version != version) {
             self.snapshot(version).await?;
         }
-        let targets = self.live();
-        let update = self.latest.clone().expect("snapshot taken");
-        let (done_tx, done_rx) = ractor::concurrency::oneshot();
-        ractor::call!(self.weight_sync, |queued| WeightSyncMsg::Publish(update, targets.clone(), queued, done_tx.into()))
-            .map_err(|e| RunError::Actor { actor: "weight_sync", message: e.to_string() })?;
-        for t in &targets {
-            self.versions.insert(t.get_id(), version);
+        let mut waits: Vec<std::pin::Pin<Box<dyn std::future::Future<Output = Result<f64, String>> + Send>>> = vec![];
+        if grouped {
+            let p = self.publisher.as_ref().expect("grouped");
+            let image = if p.needs_image() { self.latest.clone() } else { None };
+            waits.push(Box::pin(p.publish(version, image).await.map_err(actor_err("weight_sync"))?));
+            for t in &remote {
+                self.versions.insert(t.get_id(), version);
+            }
+        }
+        if !via_actor.is_empty() {
+            let update = self.latest.clone().expect("snapshot taken");
+            let (done_tx, done_rx) = ractor::concurrency::oneshot();
+            ractor::call!(self.weight_sync, |queued| WeightSyncMsg::Publish(update, via_actor.clone(), queued, done_tx.into()))
+                .map_err(|e| RunError::Actor { actor: "weight_sync", message: e.to_string() })?;
+            for t in &via_actor {
+                self.versions.insert(t.get_id(), version);
+            }
+            waits.push(Box::pin(async move { done_rx.await.map_err(|_| "weight-sync actor stopped".to_string())? }));
         }
         self.metrics.policy_version.with_label_values(&["rollout"]).set(version as f64);
-        let acks = async move { done_rx.await.map_err(|_| "weight-sync actor stopped".to_string())? };
+        let acks = async move {
+            let mut secs = 0f64;
+            for w in waits {
+                secs = secs.max(w.await?);
+            }
+            Ok(secs)
+        };
         if wait {
             let secs = acks.await.map_err(actor_err("weight_sync"))?;
             self.metrics.weight_sync_seconds.observe(secs);

@@ -16,7 +16,7 @@
 //! control = 29500           # actor control (ractor_cluster)
 //! data = 29600              # data plane (ZeroMQ)
 //! metrics = 9100            # Prometheus /metrics
-//! master = 29400            # learner rendezvous on rank 0's host
+//! master = 29400            # on learner rank 0's host: the learners' ring (+1: the weight-sync group)
 //!
 //! [controller]              # singletons: a node and an optional shared process
 //! node = "dev"
@@ -431,7 +431,8 @@ impl Topology {
             let mut ranges: Vec<(&str, u32, u32)> =
                 vec![("ports.control", p.control.into(), n), ("ports.data", p.data.into(), n), ("ports.metrics", p.metrics.into(), n)];
             if master_host.is_some_and(|m| m == host) {
-                ranges.push(("ports.master", p.master.into(), 1));
+                // master: the learners' ring; master + 1: the weight-sync group's.
+                ranges.push(("ports.master", p.master.into(), 2));
             }
             for (i, &(field, base, len)) in ranges.iter().enumerate() {
                 let last = base + len - 1;

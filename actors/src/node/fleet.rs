@@ -22,7 +22,9 @@
 //!   its proxy stops, so the driver stops choosing it.
 use super::serve::endpoint;
 use super::wire::*;
+use super::weights::{GroupSpec, WeightGroup};
 use super::{Outboxes, RefusalMirror};
+use crate::weight_sync::WeightUpdate;
 use crate::metrics::Metrics;
 use crate::controller::plan::{Plan, Process as Planned};
 use crate::controller::status::ProcessEntry;
@@ -72,6 +74,8 @@ pub struct RoleSetup {
 
 /// The remote actors, behind proxies.
 pub struct Hosted {
+    /// Broadcasts versions to the rollout processes (their weight-sync group).
+    pub publisher: Option<Publisher>,
     /// One per rollout process.
     pub rollouts: Vec<ActorRef<RolloutMsg>>,
     /// The learner ranks, when they are not in the controller's process.
@@ -144,6 +148,7 @@ struct Member {
 /// The processes of a run other than the controller's own.
 pub struct Fleet {
     core: Arc<Core>,
+    cookie: String,
     members: Vec<Member>,
     me: Planned,
     plan: Plan,
@@ -241,7 +246,7 @@ impl Fleet {
             pending: Mutex::new(HashMap::new()),
         });
         let router = tokio::spawn(route(control, inbox, core.clone(), metrics));
-        Ok(Fleet { core, members, me, plan, router })
+        Ok(Fleet { core, cookie: cookie.to_hex(), members, me, plan, router })
     }
 
     /// The plan.
@@ -277,6 +282,21 @@ impl Fleet {
     pub async fn host(&self, roles: &RoleSetup) -> Result<Hosted, String> {
         let cpus = split_cores(&self.members);
         let learner_ranks = self.members.iter().filter(|m| has(&m.planned, Role::Learner)).count();
+        // The weight-sync group: its root (learner rank 0's process, or this one) and the rollout processes.
+        let rollout_members: Vec<usize> = (0..self.members.len()).filter(|&i| has(&self.members[i].planned, Role::Rollout)).collect();
+        let root = self.members.iter().position(|m| m.planned.actors.iter().any(|a| a.role == Role::Learner && a.rank == 0));
+        let master_port: u16 = self.plan.master.rsplit(':').next().and_then(|p| p.parse().ok()).unwrap_or(29400);
+        let group_addr = format!("{}:{}", root.map_or(&self.me.host, |r| &self.members[r].planned.host), master_port.wrapping_add(1));
+        let world = rollout_members.len() as u32 + 1;
+        let group_rank = |i: usize| -> Option<u32> {
+            if rollout_members.is_empty() {
+                None
+            } else if Some(i) == root {
+                Some(0)
+            } else {
+                rollout_members.iter().position(|&r| r == i).map(|k| k as u32 + 1)
+            }
+        };
         let mut waits = vec![];
         for (i, m) in self.members.iter().enumerate() {
             let p = &m.planned;
@@ -295,11 +315,14 @@ impl Fleet {
                 rollout: has(p, Role::Rollout).then(|| roles.rollout.clone()),
                 reward: has(p, Role::Reward).then_some(roles.reward),
                 learner,
+                weights: group_rank(i).map(|rank| GroupSpec { rank, world, addr: group_addr.clone() }),
             };
             let rx = self.core.expect(&p.name, (SETUP_ID, i as u32));
             self.core.tx.send(&p.name, &ControlMsg::Setup(Json::of(&setup))).map_err(|e| format!("{}: {e}", p.name))?;
             waits.push((i, rx));
         }
+        // The controller is the group's root when the learner is in its process.
+        let own = (root.is_none() && !rollout_members.is_empty()).then(|| Arc::new(WeightGroup::join(&GroupSpec { rank: 0, world, addr: group_addr.clone() }, &self.cookie)));
         for (i, rx) in waits {
             let m = &self.members[i];
             match tokio::time::timeout(Duration::from_secs(300), rx).await {
@@ -313,9 +336,10 @@ impl Fleet {
         // Scored groups come from a reward process (round robin), else the controller scores them.
         let rewards: Vec<String> = self.members.iter().filter(|m| has(&m.planned, Role::Reward)).map(|m| m.hello.data.clone()).collect();
         let mut rollouts = vec![];
-        for (k, m) in self.members.iter().filter(|m| has(&m.planned, Role::Rollout)).enumerate() {
+        for (k, &i) in rollout_members.iter().enumerate() {
+            let m = &self.members[i];
             let reward = if rewards.is_empty() { self.core.my_data.clone() } else { rewards[k % rewards.len()].clone() };
-            let args = RemoteRolloutArgs { core: self.core.clone(), process: m.planned.name.clone(), data: m.hello.data.clone(), reward };
+            let args = RemoteRolloutArgs { core: self.core.clone(), process: m.planned.name.clone(), data: m.hello.data.clone(), reward, key: i as u32 + 1 };
             let (r, _) = Actor::spawn(None, RemoteRollout, args).await.map_err(|e| format!("rollout proxy: {e}"))?;
             rollouts.push(r);
         }
@@ -331,7 +355,16 @@ impl Fleet {
         } else {
             None
         };
-        Ok(Hosted { rollouts, learner, learner_ranks })
+        let publisher = (!rollout_members.is_empty()).then(|| Publisher {
+            core: self.core.clone(),
+            rollouts: rollout_members.iter().map(|&i| (self.members[i].planned.name.clone(), i as u32 + 1)).collect(),
+            root: match (own, root) {
+                (Some(g), _) => Root::Controller(g),
+                (None, Some(r)) => Root::Learner { process: self.members[r].planned.name.clone(), data: self.members[r].hello.data.clone() },
+                (None, None) => unreachable!("a group has a root"),
+            },
+        });
+        Ok(Hosted { publisher, rollouts, learner, learner_ranks })
     }
 
     /// Asks every process to leave, waits up to `grace` for each, then kills what is left.
@@ -395,7 +428,10 @@ async fn route(mut control: ControlNode<ControlMsg>, mut inbox: Inbox<DataMsg>, 
             m = control.next() => match m {
                 None => break,
                 Some(Incoming::Message(from, msg)) => match msg {
-                    ControlMsg::WeightsLoaded { id, .. } => core.resolve((id, 0), Reply::Control(msg)),
+                    ControlMsg::WeightsLoaded { id, .. } => match core.names.iter().position(|n| *n == from) {
+                        Some(i) => core.resolve((id, i as u32 + 1), Reply::Control(msg)),
+                        None => eprintln!("[fleet] WeightsLoaded from {from}, which is not in the plan"),
+                    },
                     ControlMsg::Ready(_) => match core.names.iter().position(|n| *n == from) {
                         Some(i) => core.resolve((SETUP_ID, i as u32), Reply::Control(msg)),
                         None => eprintln!("[fleet] Ready from {from}, which is not in the plan"),
@@ -428,6 +464,8 @@ pub struct RemoteRolloutArgs {
     process: String,
     data: String,
     reward: String,
+    /// Its key for weight acknowledgements (member index + 1).
+    key: u32,
 }
 
 /// Stands for the rollout actor of one process.
@@ -445,7 +483,8 @@ impl Actor for RemoteRollout {
     async fn handle(&self, myself: ActorRef<Self::Msg>, msg: Self::Msg, s: &mut RemoteRolloutArgs) -> Result<(), ActorProcessingErr> {
         let core = &s.core;
         let id = core.id();
-        let rx = core.expect(&s.process, (id, 0));
+        let key = if matches!(msg, RolloutMsg::LoadWeights(..)) { s.key } else { 0 };
+        let rx = core.expect(&s.process, (id, key));
         match msg {
             RolloutMsg::Generate(req, reply) => {
                 let out = match core.tx.send(&s.process, &ControlMsg::Generate { id, reward: s.reward.clone(), request: Json::of(&req) }) {
@@ -572,5 +611,78 @@ impl Actor for RemoteLearner {
             },
         }
         Ok(())
+    }
+}
+
+/// Where a version starts from.
+enum Root {
+    /// This process (the learner is here): it broadcasts the image it is given.
+    Controller(Arc<WeightGroup>),
+    /// Learner rank 0's process: it broadcasts its own weights.
+    Learner { process: String, data: String },
+}
+
+/// Sends each version to every rollout process through the weight-sync group.
+pub struct Publisher {
+    core: Arc<Core>,
+    /// (process, acknowledgement key), in group order.
+    rollouts: Vec<(String, u32)>,
+    root: Root,
+}
+
+impl Publisher {
+    /// Does the controller hold the weights it sends (the learner is in its process)?
+    pub fn needs_image(&self) -> bool {
+        matches!(self.root, Root::Controller(_))
+    }
+
+    /// Starts version `version` towards every rollout process (`image`: the
+    /// weights, when [`Publisher::needs_image`]); the future ends when every
+    /// process has checked and loaded it, with the seconds the broadcast took.
+    pub async fn publish(&self, version: u64, image: Option<WeightUpdate>) -> Result<impl std::future::Future<Output = Result<f64, String>> + Send + 'static, String> {
+        let core = &self.core;
+        let id = core.id();
+        let mut acks = vec![];
+        for (process, key) in &self.rollouts {
+            acks.push((process.clone(), core.expect(process, (id, *key))));
+            core.tx.send(process, &ControlMsg::Receive { id }).map_err(|e| format!("{process}: {e}"))?;
+        }
+        let sent: std::pin::Pin<Box<dyn std::future::Future<Output = Result<f64, String>> + Send>> = match &self.root {
+            Root::Controller(g) => {
+                let update = image.ok_or("the controller sends the weights but was given none")?;
+                let pending = g.send(update);
+                Box::pin(async move { pending.wait().await })
+            }
+            Root::Learner { process, data } => {
+                let rx = core.expect(process, (id, 0));
+                core.out.send(data, DataMsg::Learner { id, call: Json::of(&LearnerCall::Publish(version)) }).await?;
+                let process = process.clone();
+                Box::pin(async move {
+                    match rx.await {
+                        Ok(Reply::Data(DataMsg::LearnerDone { result, .. })) => match result.and_then(|j| j.get::<LearnerOut>("LearnerOut"))? {
+                            LearnerOut::Published(secs) => Ok(secs),
+                            other => Err(format!("{process}: expected a publication, got {other:?}")),
+                        },
+                        Ok(Reply::Lost(p)) => Err(format!("{p} is lost")),
+                        other => Err(format!("{process}: unexpected answer {other:?}")),
+                    }
+                })
+            }
+        };
+        let versions = core.clone();
+        Ok(async move {
+            let secs = sent.await.map_err(|e| format!("weight broadcast v{version}: {e}"))?;
+            for (process, rx) in acks {
+                match rx.await {
+                    Ok(Reply::Control(ControlMsg::WeightsLoaded { result: Ok(ack), .. })) => {
+                        versions.versions.lock().expect("versions lock").insert(process, ack.version);
+                    }
+                    Ok(Reply::Control(ControlMsg::WeightsLoaded { result: Err(e), .. })) => return Err(format!("{process}: v{version}: {e}")),
+                    Ok(Reply::Lost(p)) => return Err(format!("{p} is lost")),
+                    other => return Err(format!("{process}: unexpected answer {other:?}")),
+                }
+            }
+            Ok(secs)
+        })
     }
 }

@@ -5,12 +5,15 @@
 //! - [`serve`] — `launcher node`: a process hosting rollout, reward or learner actors;
 //! - [`fleet`] — the controller's side: starting the plan's processes
 //!   (`mesh::launch`: children or ssh), the handshake, and the proxy actors
-//!   that stand for remote actors behind the same messages as local ones.
+//!   that stand for remote actors behind the same messages as local ones;
+//! - [`weights`] — the weight-sync group: learner rank 0 (or the controller)
+//!   broadcasting each version to the rollout processes.
 //!
 //! The run driver ([`crate::controller::run`]) sees actor references only:
 //! whether an actor is in its process or on another host is decided here.
 pub mod fleet;
 pub mod serve;
+pub mod weights;
 pub mod wire;
 
 use crate::metrics::Metrics;

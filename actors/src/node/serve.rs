@@ -18,7 +18,10 @@
 //! [`ControlMsg::Stop`], on SIGTERM, or when the controller is lost (silent
 //! past the heartbeat deadline): a node never outlives its run.
 use super::wire::*;
+use super::weights::{Pending, WeightGroup};
 use super::{Outboxes, RefusalMirror};
+use crate::weight_sync::WeightUpdate;
+use tokio::sync::{mpsc, oneshot};
 use crate::metrics::{serve as serve_metrics, Metrics};
 use crate::learner::actor::{LearnerActor, LearnerArgs, LearnerMsg};
 use crate::reward::score_group;
@@ -81,6 +84,12 @@ struct Hosted {
     reward: Option<crate::controller::recipe::RewardKind>,
     learner: Option<(ActorRef<LearnerMsg>, u32)>,
     controller_data: String,
+    /// This process's member of the weight-sync group.
+    weights: Option<Arc<WeightGroup>>,
+    /// Versions being received, in order (loaded one after the other by one task).
+    loads: Option<mpsc::UnboundedSender<(u64, Pending<WeightUpdate>)>>,
+    /// Rank 0's snapshots to broadcast, in order.
+    publishes: Option<mpsc::UnboundedSender<(u64, oneshot::Receiver<WeightUpdate>)>>,
 }
 
 /// Pins every thread of this process to `cpus` (threads started later inherit it).
@@ -151,7 +160,7 @@ pub async fn serve() -> Result<(), String> {
                 match msg {
                     ControlMsg::Setup(setup) => {
                         let out = match setup.get::<NodeSetup>("NodeSetup") {
-                            Ok(s) => host(&mut hosted, s).await,
+                            Ok(s) => host(&mut hosted, s, &cookie.to_hex(), &tx, &env.controller, &outboxes).await,
                             Err(e) => Err(e),
                         };
                         if let Err(e) = &out {
@@ -160,6 +169,14 @@ pub async fn serve() -> Result<(), String> {
                         let _ = tx.send(&env.controller, &ControlMsg::Ready(out));
                     }
                     ControlMsg::Generate { id, reward, request } => generate(&hosted, id, reward, request, &outboxes),
+                    ControlMsg::Receive { id } => match (&hosted.weights, &hosted.loads) {
+                        (Some(g), Some(loads)) => {
+                            let _ = loads.send((id, g.receive()));
+                        }
+                        _ => {
+                            let _ = tx.send(&env.controller, &ControlMsg::WeightsLoaded { id, result: Err("this process is in no weight-sync group".into()) });
+                        }
+                    },
                     ControlMsg::Stop => {
                         eprintln!("[node] {}: stop requested by the controller", env.process);
                         break;
@@ -191,9 +208,12 @@ pub async fn serve() -> Result<(), String> {
     Ok(())
 }
 
-async fn host(hosted: &mut Hosted, s: NodeSetup) -> Result<(), String> {
+async fn host(hosted: &mut Hosted, s: NodeSetup, cookie: &str, tx: &ControlSender<ControlMsg>, controller: &str, outboxes: &Outboxes) -> Result<(), String> {
     pin_process(&s.cpus)?;
     hosted.controller_data = s.controller_data.clone();
+    if let Some(spec) = &s.weights {
+        hosted.weights = Some(Arc::new(WeightGroup::join(spec, cookie)));
+    }
     if let Some(r) = s.rollout {
         let args = RolloutArgs {
             model_dir: s.model_dir.clone(),
@@ -212,6 +232,45 @@ async fn host(hosted: &mut Hosted, s: NodeSetup) -> Result<(), String> {
         let args = LearnerArgs { model_dir: s.model_dir.clone(), config: l.config, threads: s.threads, ring: Some((l.rank as usize, l.world as usize, l.master.clone())) };
         let (a, _) = Actor::spawn(None, LearnerActor, args).await.map_err(|e| format!("learner rank {}: {e}", l.rank))?;
         hosted.learner = Some((a, l.rank));
+    }
+    if let (Some(_), Some(rollout)) = (&hosted.weights, &hosted.rollout) {
+        // Receipts complete in broadcast order; one task loads them in that order, between requests.
+        let (ltx, mut lrx) = mpsc::unbounded_channel::<(u64, Pending<WeightUpdate>)>();
+        let (rollout, tx, controller) = (rollout.clone(), tx.clone(), controller.to_string());
+        tokio::spawn(async move {
+            while let Some((id, pending)) = lrx.recv().await {
+                let result = match pending.wait().await {
+                    Err(e) => Err(e),
+                    Ok(update) => {
+                        let (port, rx) = ractor::concurrency::oneshot();
+                        match rollout.send_message(RolloutMsg::LoadWeights(update, port.into())) {
+                            Err(e) => Err(format!("rollout actor: {e}")),
+                            Ok(()) => rx.await.unwrap_or_else(|_| Err("the rollout actor stopped".into())),
+                        }
+                    }
+                };
+                if let Err(e) = &result {
+                    eprintln!("[node] weights refused: {e}");
+                }
+                let _ = tx.send(&controller, &ControlMsg::WeightsLoaded { id, result });
+            }
+        });
+        hosted.loads = Some(ltx);
+    }
+    if let (Some(group), Some((_, 0))) = (&hosted.weights, &hosted.learner) {
+        // Rank 0's snapshots complete in mailbox order; one task broadcasts them in that order.
+        let (ptx, mut prx) = mpsc::unbounded_channel::<(u64, oneshot::Receiver<WeightUpdate>)>();
+        let (group, to, outboxes) = (group.clone(), hosted.controller_data.clone(), outboxes.clone());
+        tokio::spawn(async move {
+            while let Some((id, snapshot)) = prx.recv().await {
+                let result = match snapshot.await {
+                    Err(_) => Err("the learner actor stopped".to_string()),
+                    Ok(update) => group.send(update).wait().await.map(|secs| Json::of(&LearnerOut::Published(secs))),
+                };
+                let _ = outboxes.send(&to, DataMsg::LearnerDone { id, rank: 0, result }).await;
+            }
+        });
+        hosted.publishes = Some(ptx);
     }
     Ok(())
 }
@@ -295,6 +354,22 @@ fn on_data(hosted: &Hosted, msg: DataMsg, outboxes: &Outboxes, tx: &ControlSende
                 Err(e) => {
                     tokio::spawn(async move { outboxes.send(&to, DataMsg::LearnerDone { id, rank, result: Err(e) }).await });
                 }
+                Ok(LearnerCall::Publish(version)) => {
+                    let (port, rx) = ractor::concurrency::oneshot();
+                    let queued = learner.send_message(LearnerMsg::Snapshot(version, port.into())).map_err(|e| format!("learner actor: {e}"));
+                    match (queued, &hosted.publishes) {
+                        (Ok(()), Some(p)) => {
+                            let _ = p.send((id, rx));
+                        }
+                        (Err(e), _) => {
+                            tokio::spawn(async move { outboxes.send(&to, DataMsg::LearnerDone { id, rank, result: Err(e) }).await });
+                        }
+                        (Ok(()), None) => {
+                            let e = "this rank is not the weight-sync group's rank 0".to_string();
+                            tokio::spawn(async move { outboxes.send(&to, DataMsg::LearnerDone { id, rank, result: Err(e) }).await });
+                        }
+                    }
+                }
                 Ok(LearnerCall::Snapshot(version)) => {
                     let rx = enqueue!(Snapshot, version);
                     tokio::spawn(async move {
@@ -316,7 +391,7 @@ fn on_data(hosted: &Hosted, msg: DataMsg, outboxes: &Outboxes, tx: &ControlSende
                         LearnerCall::Configure(c) => enqueue!(Configure, c).map(|rx| Box::pin(async move { rx.await.map(|r| r.map(|_| LearnerOut::Done)) }) as Reply),
                         LearnerCall::Checkpoint(root, meta) => enqueue!(Checkpoint, root, meta).map(|rx| Box::pin(async move { rx.await.map(|r| r.map(LearnerOut::Path)) }) as Reply),
                         LearnerCall::Resume(root, c) => enqueue!(Resume, root, c).map(|rx| Box::pin(async move { rx.await.map(|r| r.map(LearnerOut::Meta)) }) as Reply),
-                        LearnerCall::Snapshot(_) => unreachable!("handled above"),
+                        LearnerCall::Snapshot(_) | LearnerCall::Publish(_) => unreachable!("handled above"),
                     };
                     tokio::spawn(async move {
                         let result = match rx {

@@ -11,6 +11,7 @@
 use crate::controller::recipe::RewardKind;
 use crate::learner::{CheckpointMeta, LearnerConfig, SftBatch, StepStats, TrainBatch};
 use crate::rollout::RolloutConfig;
+use super::weights::GroupSpec;
 use crate::weight_sync::{WeightAck, WeightUpdate};
 use rlmesh_core::tools::ExecLimits;
 use rlmesh_mesh::frame::WireMessage;
@@ -71,6 +72,8 @@ pub struct NodeSetup {
     pub reward: Option<RewardKind>,
     /// A data-parallel learner rank.
     pub learner: Option<LearnerSetup>,
+    /// Its place in the weight-sync group (rank 0: learner rank 0; the others: rollout processes).
+    pub weights: Option<GroupSpec>,
 }
 
 /// A rollout actor's settings.
@@ -110,7 +113,9 @@ pub enum ControlMsg {
     /// Controller → rollout node: generate a request ([`crate::rollout::actor::RolloutRequest`]
     /// as JSON) and send the groups to the data endpoint `reward`.
     Generate { id: u64, reward: String, request: Json },
-    /// Rollout node → controller: the outcome of [`DataMsg::Weights`] `id`.
+    /// Controller → rollout node: receive the next version from the weight-sync group and load it.
+    Receive { id: u64 },
+    /// Rollout node → controller: the outcome of [`DataMsg::Weights`] or [`ControlMsg::Receive`] `id`.
     WeightsLoaded { id: u64, result: Result<WeightAck, String> },
     /// Controller → node: leave.
     Stop,
@@ -136,6 +141,8 @@ pub enum LearnerCall {
     Checkpoint(PathBuf, CheckpointMeta),
     /// Resume from the newest checkpoint under the root.
     Resume(PathBuf, LearnerConfig),
+    /// Rank 0 only: broadcast the weights as a version to the weight-sync group.
+    Publish(u64),
 }
 
 /// What a learner call returned.
@@ -149,6 +156,8 @@ pub enum LearnerOut {
     Path(PathBuf),
     /// The record of the checkpoint resumed from.
     Meta(CheckpointMeta),
+    /// Seconds rank 0 spent broadcasting a version.
+    Published(f64),
 }
 
 /// Data-plane messages (a call's `id` pairs it with its answer).

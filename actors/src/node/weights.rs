@@ -1,0 +1,157 @@
+//! The weight-sync group: learner rank 0 (or the controller, when the learner
+//! is in its process) and every rollout process, joined in a `comm`
+//! collective of their own, apart from the learners' all-reduce ring.
+//!
+//! Each version is two broadcasts from rank 0: a fixed-size header (version,
+//! length, the per-bucket XXH3 digests) and the safetensors image itself. A
+//! member's collective runs on its own thread, so a rollout process keeps
+//! generating while the next version arrives; the receiver checks the digests
+//! when its rollout actor loads the version, between two requests. On CPU the
+//! collective is `comm`'s TCP ring (every byte crosses each process once,
+//! pipelined in blocks); with GPUs it is meant to be NCCL with rank 0's id
+//! sent over the control plane (not built yet).
+use crate::weight_sync::WeightUpdate;
+use rlmesh_comm::digest::BucketDigests;
+use rlmesh_comm::{Buf, Collective, RingComm, RingConfig};
+use serde::{Deserialize, Serialize};
+use std::sync::mpsc;
+use std::time::{Duration, Instant};
+use tokio::sync::oneshot;
+
+/// Bytes of the header broadcast (room for ~8,000 bucket digests: 64 GiB of weights in 8 MiB buckets).
+const HEADER_BYTES: usize = 64 << 10;
+
+/// A member's place in the group.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct GroupSpec {
+    /// 0 sends; the others receive.
+    pub rank: u32,
+    /// Members.
+    pub world: u32,
+    /// Rank 0's rendezvous, `host:port`.
+    pub addr: String,
+}
+
+#[derive(Serialize, Deserialize)]
+struct Header {
+    version: u64,
+    digest: u64,
+    buckets: BucketDigests,
+}
+
+enum Job {
+    Send(WeightUpdate, oneshot::Sender<Result<f64, String>>),
+    Receive(oneshot::Sender<Result<WeightUpdate, String>>),
+}
+
+/// This process's member of the group: a thread holding the collective.
+pub struct WeightGroup {
+    tx: mpsc::Sender<Job>,
+    rank: u32,
+}
+
+impl WeightGroup {
+    /// Joins the group on a new thread (the rendezvous waits for every member there).
+    pub fn join(spec: &GroupSpec, cookie: &str) -> WeightGroup {
+        let (tx, rx) = mpsc::channel::<Job>();
+        let cfg = RingConfig::new(spec.rank as usize, spec.world as usize, spec.addr.clone()).cookie(cookie.to_string()).timeout(Duration::from_secs(600));
+        let rank = spec.rank;
+        std::thread::Builder::new()
+            .name(format!("weights-{rank}"))
+            .spawn(move || {
+                let mut comm = RingComm::connect(cfg).map_err(|e| format!("weight-sync group, rank {rank}: {e}"));
+                for job in rx {
+                    match (&mut comm, job) {
+                        (Err(e), Job::Send(_, done)) => {
+                            let _ = done.send(Err(e.clone()));
+                        }
+                        (Err(e), Job::Receive(done)) => {
+                            let _ = done.send(Err(e.clone()));
+                        }
+                        (Ok(c), Job::Send(update, done)) => {
+                            let _ = done.send(send(c, update));
+                        }
+                        (Ok(c), Job::Receive(done)) => {
+                            let _ = done.send(receive(c));
+                        }
+                    }
+                }
+            })
+            .expect("spawn the weight-sync thread");
+        WeightGroup { tx, rank }
+    }
+
+    /// This member's rank.
+    pub fn rank(&self) -> u32 {
+        self.rank
+    }
+
+    /// Rank 0: queues a broadcast of `update` (broadcasts run in the order they
+    /// are queued); the receiver yields the seconds it took.
+    pub fn send(&self, update: WeightUpdate) -> Pending<f64> {
+        assert_eq!(self.rank, 0, "only rank 0 sends");
+        let (done, rx) = oneshot::channel();
+        let _ = self.tx.send(Job::Send(update, done));
+        Pending(rx)
+    }
+
+    /// Any other rank: queues the receipt of the next version rank 0 broadcasts.
+    pub fn receive(&self) -> Pending<WeightUpdate> {
+        let (done, rx) = oneshot::channel();
+        let _ = self.tx.send(Job::Receive(done));
+        Pending(rx)
+    }
+}
+
+/// A queued broadcast's outcome.
+pub struct Pending<T>(oneshot::Receiver<Result<T, String>>);
+
+impl<T> Pending<T> {
+    /// Waits for it.
+    pub async fn wait(self) -> Result<T, String> {
+        self.0.await.map_err(|_| "the weight-sync thread is gone".to_string())?
+    }
+}
+
+fn send(c: &mut RingComm, update: WeightUpdate) -> Result<f64, String> {
+    let t0 = Instant::now();
+    let header = bincode::serde::encode_to_vec(Header { version: update.version, digest: update.digest, buckets: update.buckets.clone() }, bincode::config::standard())
+        .map_err(|e| format!("weight header: {e}"))?;
+    if header.len() + 8 > HEADER_BYTES {
+        return Err(format!("weight header of {} bytes exceeds {HEADER_BYTES}", header.len()));
+    }
+    let mut h = vec![0u8; HEADER_BYTES];
+    h[..8].copy_from_slice(&(header.len() as u64).to_le_bytes());
+    h[8..8 + header.len()].copy_from_slice(&header);
+    broadcast_bytes(c, &mut h).map_err(|e| format!("weight header broadcast: {e}"))?;
+    let mut image = update.image;
+    broadcast_bytes(c, &mut image).map_err(|e| format!("weight broadcast v{}: {e}", update.version))?;
+    Ok(t0.elapsed().as_secs_f64())
+}
+
+fn receive(c: &mut RingComm) -> Result<WeightUpdate, String> {
+    let mut h = vec![0u8; HEADER_BYTES];
+    broadcast_bytes(c, &mut h).map_err(|e| format!("weight header broadcast: {e}"))?;
+    let n = u64::from_le_bytes(h[..8].try_into().expect("8 bytes")) as usize;
+    if n + 8 > HEADER_BYTES {
+        return Err(format!("weight header claims {n} bytes"));
+    }
+    let limit = bincode::config::standard().with_limit::<{ HEADER_BYTES }>();
+    let (header, _): (Header, usize) = bincode::serde::decode_from_slice(&h[8..8 + n], limit).map_err(|e| format!("weight header: {e}"))?;
+    if header.buckets.len > (1usize << 40) {
+        return Err(format!("weight header claims {} bytes of weights", header.buckets.len));
+    }
+    let mut image = vec![0u8; header.buckets.len];
+    broadcast_bytes(c, &mut image).map_err(|e| format!("weight broadcast v{}: {e}", header.version))?;
+    Ok(WeightUpdate { version: header.version, digest: header.digest, buckets: header.buckets, image })
+}
+
+/// Broadcasts bytes from rank 0 (the collective moves float32 words: the bytes
+/// travel in a word buffer, the last word zero-padded).
+fn broadcast_bytes(c: &mut RingComm, bytes: &mut [u8]) -> rlmesh_comm::Result<()> {
+    let mut words = vec![0f32; bytes.len().div_ceil(4)];
+    rlmesh_comm::buffer::as_bytes_mut(&mut words)[..bytes.len()].copy_from_slice(bytes);
+    c.broadcast(Buf::host(&mut words), 0)?;
+    bytes.copy_from_slice(&rlmesh_comm::buffer::as_bytes(&words)[..bytes.len()]);
+    Ok(())
+}
