@@ -66,7 +66,7 @@ fn micro_batch_size_does_not_change_the_step() {
         // Adam's first step is lr·g/(|g| + eps): for a gradient near eps, float
         // noise in g (MKL's sums depend on buffer alignment, run to run) moves the
         // update by a share of lr. The gradients above are the equivalence check;
-        // here 5% of the learning rate is the bound (1% failed once in ~340 CI runs: 2.2%).
+        // here 5% of the learning rate is the bound (a 1% bound failed once in CI, at 2.2%).
         let moved = p_whole.iter().zip(&p_cut).map(|(a, b)| max_diff(a, b)).fold(0.0, f64::max);
         assert!(moved < 5e-5, "micro {micro}, packed {pack}: parameters differ by {moved} after one step");
     }
