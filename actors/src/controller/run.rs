@@ -1169,7 +1169,9 @@ impl Driver {
         let (remote, local): (Vec<_>, Vec<_>) = targets.into_iter().partition(|t| remote_ids.contains(&t.get_id()));
         let grouped = self.publisher.is_some() && !remote.is_empty();
         let via_actor: Vec<ActorRef<RolloutMsg>> = if grouped { local } else { local.into_iter().chain(remote.iter().cloned()).collect() };
-        let need_image = !via_actor.is_empty() || (grouped && self.publisher.as_ref().is_some_and(Publisher::needs_image));
+        // Without a group the image is always taken: `pick` loads it into any actor that missed a
+        // publication (one not live yet, or restarted), which a resumed run's first version needs.
+        let need_image = !grouped || !via_actor.is_empty() || self.publisher.as_ref().is_some_and(Publisher::needs_image);
         if need_image && self.latest.as_ref().is_none_or(|u| u.version != version) {
             self.snapshot(version).await?;
         }
