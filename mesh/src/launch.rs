@@ -11,7 +11,7 @@
 //! script (built with [`sh_quote`]) reads the [`ProcessSpec::secret_env`]
 //! values from ssh's **stdin** (never argv: a run's cookie is such a value),
 //! exports the plain [`ProcessSpec::env`], changes directory, checks the
-//! program exists, prints `rlmesh-launch pid <$$> <start time> <boot id>` and
+//! program exists, prints `rlmesh-launch pid <$$> <start time> <boot id> [<slurm step>]` and
 //! `exec`s the program, whose stdin is `/dev/null`. Its stdout and stderr come
 //! back through ssh into the [`ProcessSpec::log`] file on the launching
 //! machine (or this process's stderr when there is none).
@@ -42,6 +42,8 @@ use std::thread::{self, JoinHandle};
 use std::time::{Duration, Instant};
 
 use serde::{Deserialize, Serialize};
+
+use crate::slurm::SrunConfig;
 
 /// What ssh's exit status 255 means: it could not connect (or lost the connection).
 pub const SSH_CONNECTION_FAILED: i32 = 255;
@@ -244,6 +246,12 @@ pub enum Host {
         /// How ssh is run.
         ssh: SshConfig,
     },
+    /// A node of the Slurm allocation this process runs in: a job step
+    /// started by `srun` (see [`crate::slurm`]).
+    Slurm {
+        /// The step's node, job and options.
+        srun: SrunConfig,
+    },
 }
 
 impl Host {
@@ -263,12 +271,18 @@ impl Host {
         match self {
             Host::Local => "local",
             Host::Ssh { destination, .. } => destination,
+            Host::Slurm { srun } => &srun.node,
         }
     }
 
     /// Is this [`Host::Local`]?
     pub fn is_local(&self) -> bool {
         matches!(self, Host::Local)
+    }
+
+    /// Is this [`Host::Ssh`]?
+    pub fn is_ssh(&self) -> bool {
+        matches!(self, Host::Ssh { .. })
     }
 }
 
@@ -474,7 +488,7 @@ impl ProcessSpec {
             "st=-; b=-\n",
             "if { IFS= read -r l </proc/$$/stat; } 2>/dev/null; then set -- ${l##*) }; st=${20:--}; fi\n",
             "{ IFS= read -r b </proc/sys/kernel/random/boot_id; } 2>/dev/null || b=-\n",
-            "echo \"rlmesh-launch pid $$ $st $b\"\n",
+            "echo \"rlmesh-launch pid $$ $st $b ${SLURM_JOB_ID:+$SLURM_JOB_ID.${SLURM_STEP_ID:-}}\"\n",
         ));
         let mut w = vec![self.program.as_str()];
         w.extend(self.args.iter().map(String::as_str));
@@ -644,7 +658,14 @@ impl Launcher {
         spec.validate()?;
         match &self.host {
             Host::Local => self.spawn_local(spec),
-            Host::Ssh { destination, ssh } => self.spawn_ssh(spec, destination, ssh),
+            Host::Ssh { destination, ssh } => {
+                let cmd = ssh_command(ssh, destination, &spec.remote_script());
+                self.spawn_remote(spec, cmd, &ssh.program)
+            }
+            Host::Slurm { srun } => {
+                let cmd = srun_command(srun, &spec.remote_script());
+                self.spawn_remote(spec, cmd, &srun.program)
+            }
         }
     }
 
@@ -658,13 +679,14 @@ impl Launcher {
                 (c, "sh -c …".to_string())
             }
             Host::Ssh { destination, ssh } => (ssh_command(ssh, destination, script), "sh -c …".to_string()),
+            Host::Slurm { srun } => (srun_command(srun, script), "srun … sh -c …".to_string()),
         };
         let out = cmd.stdin(Stdio::null()).output().map_err(|e| LaunchError::Spawn {
             host: self.host.name().into(),
             command: command.clone(),
             source: e,
         })?;
-        if !self.host.is_local() && out.status.code() == Some(SSH_CONNECTION_FAILED) {
+        if self.host.is_ssh() && out.status.code() == Some(SSH_CONNECTION_FAILED) {
             return Err(LaunchError::Connect {
                 host: self.host.name().into(),
                 command,
@@ -709,6 +731,7 @@ impl Launcher {
             pid: child.id(),
             start_time: String::new(),
             boot_id: String::new(),
+            step: None,
             child: Some(child),
             exit: None,
             signalled: false,
@@ -717,14 +740,16 @@ impl Launcher {
         })
     }
 
-    fn spawn_ssh(&self, spec: &ProcessSpec, destination: &str, ssh: &SshConfig) -> Result<Process> {
+    /// A start through a client that runs [`ProcessSpec::remote_script`] on
+    /// the host with our stdin forwarded (ssh, srun).
+    fn spawn_remote(&self, spec: &ProcessSpec, mut cmd: Command, client: &str) -> Result<Process> {
         let command = spec.command_line();
+        let destination = self.host.name();
         let mut log = Self::open_log(spec)?;
-        let mut cmd = ssh_command(ssh, destination, &spec.remote_script());
         cmd.stdin(Stdio::piped()).stdout(Stdio::piped()).stderr(Stdio::piped());
         let mut child = cmd.spawn().map_err(|e| LaunchError::Spawn {
             host: destination.to_string(),
-            command: format!("{} … {command}", ssh.program),
+            command: format!("{client} … {command}"),
             source: e,
         })?;
         // Secrets on stdin, one line each, then EOF.
@@ -778,17 +803,19 @@ impl Launcher {
                 let pid = it.next().and_then(|p| p.parse::<u32>().ok());
                 let start_time = it.next().unwrap_or("-").to_string();
                 let boot_id = it.next().unwrap_or("-").to_string();
+                let step = it.next().filter(|s| *s != "-").map(String::from);
                 let Some(pid) = pid else {
                     let _ = child.kill();
                     let status = child.wait().ok();
-                    return Err(start_error(destination, &command, status, &t_err, &kept));
+                    return Err(start_error(&self.host, &command, status, &t_err, &kept));
                 };
                 Ok(Process {
-                    host: Host::Ssh { destination: destination.to_string(), ssh: ssh.clone() },
+                    host: self.host.clone(),
                     command,
                     pid,
                     start_time,
                     boot_id,
+                    step,
                     child: Some(child),
                     exit: None,
                     signalled: false,
@@ -798,7 +825,7 @@ impl Launcher {
             }
             Ok(None) | Err(mpsc::RecvTimeoutError::Disconnected) => {
                 let status = child.wait().ok();
-                Err(start_error(destination, &command, status, &t_err, &kept))
+                Err(start_error(&self.host, &command, status, &t_err, &kept))
             }
             Err(mpsc::RecvTimeoutError::Timeout) => {
                 let _ = child.kill();
@@ -811,7 +838,7 @@ impl Launcher {
 
 /// The error of a remote start that ended before its pid line.
 fn start_error(
-    host: &str,
+    host: &Host,
     command: &str,
     status: Option<ExitStatus>,
     t_err: &JoinHandle<()>,
@@ -824,9 +851,9 @@ fn start_error(
     }
     let stderr = String::from_utf8_lossy(&kept.lock().unwrap()).trim().to_string();
     match status.and_then(|s| s.code()) {
-        Some(SSH_CONNECTION_FAILED) => LaunchError::Connect { host: host.into(), command: command.into(), stderr },
+        Some(SSH_CONNECTION_FAILED) if host.is_ssh() => LaunchError::Connect { host: host.name().into(), command: command.into(), stderr },
         _ => LaunchError::StartFailed {
-            host: host.into(),
+            host: host.name().into(),
             command: command.into(),
             status: status.map_or("unknown".into(), describe_status),
             stderr,
@@ -849,6 +876,14 @@ fn ssh_command(ssh: &SshConfig, destination: &str, script: &str) -> Command {
     let mut c = Command::new(&ssh.program);
     c.args(ssh.args(destination));
     c.arg(format!("sh -c {}", sh_quote(script)));
+    c
+}
+
+/// `srun [options] -- sh -c SCRIPT` (srun passes its words to the task as they are).
+fn srun_command(srun: &SrunConfig, script: &str) -> Command {
+    let mut c = Command::new(&srun.program);
+    c.args(srun.args());
+    c.args(["sh", "-c", script]);
     c
 }
 
@@ -887,6 +922,8 @@ pub struct Process {
     pid: u32,
     start_time: String,
     boot_id: String,
+    /// Its Slurm step (`job.step`), when it runs as one.
+    step: Option<String>,
     /// The local child, or the local ssh client of a remote process.
     child: Option<Child>,
     exit: Option<Exit>,
@@ -917,6 +954,11 @@ impl Process {
         &self.start_time
     }
 
+    /// Its Slurm step id (`job.step`), when it was started as one.
+    pub fn slurm_step(&self) -> Option<&str> {
+        self.step.as_deref()
+    }
+
     /// Change what dropping this handle does.
     pub fn set_on_drop(&mut self, p: OnDrop) {
         self.on_drop = p;
@@ -925,10 +967,10 @@ impl Process {
     fn map_status(&self, s: ExitStatus) -> Exit {
         use std::os::unix::process::ExitStatusExt;
         match (s.code(), s.signal()) {
-            (Some(SSH_CONNECTION_FAILED), _) if !self.host.is_local() => Exit::Lost,
+            (Some(SSH_CONNECTION_FAILED), _) if self.host.is_ssh() => Exit::Lost,
             (Some(c), _) => Exit::Code(c),
             (None, Some(sig)) if self.host.is_local() => Exit::Signal(sig),
-            // The local ssh client itself was killed.
+            // The local ssh or srun client itself was killed.
             (None, _) => Exit::Lost,
         }
     }
@@ -996,7 +1038,7 @@ impl Process {
             None => {}
             // The ssh client ended with 255: the process may outlive a lost
             // connection, and the remote check below keeps the signal safe.
-            Some(Exit::Lost) if !self.host.is_local() => {}
+            Some(Exit::Lost) if self.host.is_ssh() => {}
             Some(_) => return Err(not_running(self)),
         }
         self.signalled = true;
@@ -1010,6 +1052,38 @@ impl Process {
                 } else {
                     Err(LaunchError::Signal {
                         host: "local".into(),
+                        pid: self.pid,
+                        command: self.command.clone(),
+                        signal: sig.name(),
+                        reason: io::Error::last_os_error().to_string(),
+                    })
+                }
+            }
+            // srun forwards a signal to its step's task; KILL (which srun cannot
+            // catch) ends the step through Slurm instead.
+            Host::Slurm { .. } if sig == Signal::Kill => {
+                let step = self.step.clone();
+                self.kill_client();
+                match step {
+                    Some(s) => crate::slurm::cancel(&[s], None).map_err(|e| LaunchError::Signal {
+                        host: self.host.name().into(),
+                        pid: self.pid,
+                        command: self.command.clone(),
+                        signal: sig.name(),
+                        reason: e.to_string(),
+                    }),
+                    None => Ok(()),
+                }
+            }
+            Host::Slurm { .. } => {
+                let srun = self.child.as_ref().map_or(0, Child::id);
+                // SAFETY: kill(2) on our own srun child, not yet reaped (try_wait said running).
+                let rc = unsafe { libc::kill(srun as libc::pid_t, sig.number()) };
+                if rc == 0 {
+                    Ok(())
+                } else {
+                    Err(LaunchError::Signal {
+                        host: self.host.name().into(),
                         pid: self.pid,
                         command: self.command.clone(),
                         signal: sig.name(),
@@ -1058,7 +1132,7 @@ impl Process {
     pub fn is_running(&mut self) -> Result<bool> {
         match self.try_wait()? {
             None => Ok(true),
-            Some(Exit::Lost) if !self.host.is_local() => Ok(self.remote_kill("0")?.status.code() == Some(0)),
+            Some(Exit::Lost) if self.host.is_ssh() => Ok(self.remote_kill("0")?.status.code() == Some(0)),
             Some(_) => Ok(false),
         }
     }
@@ -1087,7 +1161,14 @@ impl Process {
     pub fn stop(&mut self, grace: Duration) -> Result<Exit> {
         match self.try_wait()? {
             None => {}
-            Some(Exit::Lost) if !self.host.is_local() => return self.stop_detached(grace),
+            Some(Exit::Lost) if self.host.is_ssh() => return self.stop_detached(grace),
+            // srun was killed: its step may outlive it, so Slurm ends it.
+            Some(e @ Exit::Lost) => {
+                if let Some(s) = self.step.clone() {
+                    let _ = crate::slurm::cancel(&[s], None);
+                }
+                return Ok(e);
+            }
             Some(e) => return Ok(e),
         }
         match self.signal(Signal::Term) {
@@ -1199,6 +1280,12 @@ pub fn ship(host: &Host, local: &Path, remote: &Path) -> Result<()> {
                 }),
             }
         }
+        // The nodes of an allocation share the job's filesystem, or Slurm's own
+        // `sbcast` ships files; rlmesh does not copy behind the scheduler's back.
+        Host::Slurm { srun } => Err(LaunchError::InvalidSpec {
+            command,
+            reason: format!("node {} is a Slurm node: install rlmesh on a shared filesystem, or copy it with `sbcast`", srun.node),
+        }),
     }
 }
 

@@ -15,11 +15,13 @@
 //!   frames, size caps, heartbeats with a deadline and bounded send windows.
 //! - [`data_plane`]: ZeroMQ sockets on dedicated threads, bridged to the actors
 //!   by bounded channels, with high-water marks and a frame cap.
+//! - [`slurm`]: the Slurm allocation a run is inside; each process a job step (`srun`).
 //! - [`testing`]: fixtures for tests: hosts as Linux network namespaces on a
 //!   private bridge, each with its own sshd and a throw-away key.
 #![warn(missing_docs)]
 
 pub mod launch;
+pub mod slurm;
 pub mod testing;
 pub mod control;
 pub mod cookie;

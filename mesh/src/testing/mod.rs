@@ -38,6 +38,8 @@ use std::time::{Duration, Instant, SystemTime};
 
 use crate::launch::{Host, SshConfig};
 
+pub mod slurm;
+
 /// Prefix of every namespace this fixture makes.
 const NS_PREFIX: &str = "rlmesh-";
 /// Prefix of its bridges.
