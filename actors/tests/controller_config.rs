@@ -299,3 +299,48 @@ fn recipe_errors_name_the_file_line_and_field() {
     let err = recipe_error(&text);
     assert!(err.starts_with(&format!("configs/bad.toml:{}: field \"rl.lr\": invalid type: string \"fast\"", line(&text, "\"fast\""))), "{err}");
 }
+
+#[test]
+fn network_and_env_tables_reach_each_process_by_role_and_cannot_override_the_plan() {
+    let base = read("deploy/local-procs.toml");
+    let text = format!(
+        "{base}\n[network]\nsocket_ifname = \"ib0\"\nib_hca = \"mlx5_0\"\n[env.all]\nNCCL_DEBUG = \"WARN\"\nSHARED = \"all\"\n[env.learner]\nSHARED = \"learner\"\n"
+    );
+    let p = plan(&Topology::parse("deploy/x.toml", &text).unwrap());
+    for proc in ["local/control", "local/rollout-0", "local/learner-0"] {
+        assert_eq!(env(&p, proc, "NCCL_SOCKET_IFNAME"), "ib0");
+        assert_eq!(env(&p, proc, "GLOO_SOCKET_IFNAME"), "ib0");
+        assert_eq!(env(&p, proc, "NCCL_IB_HCA"), "mlx5_0");
+        assert_eq!(env(&p, proc, "NCCL_DEBUG"), "WARN");
+    }
+    // A role's table wins over `all`, for that role's processes only.
+    assert_eq!(env(&p, "local/learner-1", "SHARED"), "learner");
+    assert_eq!(env(&p, "local/rollout-1", "SHARED"), "all");
+    // Roles and commands are in the plan.
+    let learner = p.processes.iter().find(|x| x.name == "local/learner-0").unwrap();
+    assert_eq!((learner.roles.as_slice(), learner.command.as_slice()), (&[Role::Learner][..], &["launcher".to_string(), "node".to_string()][..]));
+
+    for (extra, field) in [
+        ("[env.rollout]\nRLMESH_HOST = \"x\"\n", "env.rollout.RLMESH_HOST"),
+        ("[env.all]\nCUDA_VISIBLE_DEVICES = \"0\"\n", "env.all.CUDA_VISIBLE_DEVICES"),
+        ("[env.gpu]\nX = \"1\"\n", "env.gpu"),
+        ("[env.all]\n\"BAD-NAME\" = \"1\"\n", "env.all.BAD-NAME"),
+    ] {
+        let e = topology_error(&format!("{base}\n{extra}"));
+        assert!(e.contains(field), "{extra:?}: {e}");
+    }
+}
+
+#[test]
+fn a_topology_maps_onto_an_allocations_hosts_with_the_controller_first() {
+    let t = Topology::load(&repo("deploy/h100x32.toml")).unwrap();
+    let hosts: Vec<String> = ["g3", "g1", "g2", "g4"].map(String::from).to_vec();
+    // `up` runs on g2: the controller's node (n0) goes there, the rest in file order.
+    let m = t.on_hosts(&hosts, "g2").unwrap();
+    let placed: Vec<(&str, &str)> = m.nodes.iter().map(|n| (n.name.as_str(), n.host.as_str())).collect();
+    assert_eq!(placed, [("n0", "g2"), ("n1", "g3"), ("n2", "g1"), ("n3", "g4")]);
+    let p = plan(&m);
+    assert!(p.controller.starts_with("g2:"), "{}", p.controller);
+    assert!(t.on_hosts(&hosts[..3], "g2").unwrap_err().contains("has 4 nodes but the allocation has 3"));
+    assert!(t.on_hosts(&hosts, "elsewhere").unwrap_err().contains("not one of the allocation's hosts"));
+}

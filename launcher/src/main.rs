@@ -1,6 +1,6 @@
 //! `launcher` — the rlmesh command line.
 //!
-//! Running: `up`, `plan`, `status`, `down`, `report`. Inspecting (JSON in, JSON
+//! Running: `up`, `submit`, `plan`, `status`, `down`, `report`. Inspecting (JSON in, JSON
 //! out): `score`, `render`, `chat`, `advantages`, `reward`. Measuring: `bench`.
 //! Every subcommand prints a clear error and exits non-zero on bad input
 //! (2 for usage and config errors).
@@ -22,6 +22,8 @@ struct Cli {
 enum Command {
     /// Start a run on a topology (the embedded CPU default: deploy/local.toml).
     Up(cmd::up::UpArgs),
+    /// Write the sbatch script of a run and submit it (`--dry-run`: print it).
+    Submit(cmd::slurm::SubmitArgs),
     /// The placement of a topology file: every process, host, device, role, rank, port and environment.
     Plan(cmd::plan::PlanArgs),
     /// Live state of a run: processes, step, policy version, throughput, staleness.
@@ -65,6 +67,7 @@ fn main() -> ExitCode {
     let cli = Cli::parse();
     let result = match cli.command {
         Command::Up(a) => cmd::up::up(a),
+        Command::Submit(a) => cmd::slurm::submit(a),
         Command::Plan(a) => cmd::plan::run(a),
         Command::Status(a) => cmd::status::status(a),
         Command::Down(a) => cmd::status::down(a),

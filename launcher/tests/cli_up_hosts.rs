@@ -8,12 +8,6 @@ mod common;
 use common::*;
 use rlmesh_mesh::testing::TestHosts;
 use serde_json::Value;
-use std::collections::HashMap;
-use std::path::Path;
-
-fn lines(path: &Path) -> Vec<Value> {
-    std::fs::read_to_string(path).unwrap_or_else(|e| panic!("{}: {e}", path.display())).lines().map(|l| serde_json::from_str(l).unwrap()).collect()
-}
 
 #[test]
 fn a_three_host_run_over_ssh_trains_every_group_once() {
@@ -58,15 +52,7 @@ fn a_three_host_run_over_ssh_trains_every_group_once() {
     assert_eq!(placed, [("h0/main".to_string(), addr(0)), ("h1/rollout-0".to_string(), addr(1)), ("h2/rollout-1".to_string(), addr(2))]);
 
     // Every group trained exactly once, and both remote rollout processes generated some.
-    let mut trained: HashMap<u64, usize> = HashMap::new();
-    let mut dispatched = 0;
-    for e in lines(&run.join("ledger.jsonl")) {
-        match e["event"].as_str() {
-            Some("trained") => *trained.entry(e["group"].as_u64().unwrap()).or_default() += 1,
-            Some("dispatch") => dispatched += 1,
-            _ => {}
-        }
-    }
+    let (trained, dispatched) = ledger_counts(&run);
     let summary: Value = serde_json::from_str(&stdout(&out)).unwrap();
     assert_eq!(summary["steps"], 4);
     assert_eq!(trained.len() as u64, summary["groups"]["trained"].as_u64().unwrap());

@@ -72,20 +72,12 @@ fn run_ok(topology: &str, recipe: &str, run: &Path) {
 }
 
 fn lines(path: &Path) -> Vec<Value> {
-    std::fs::read_to_string(path).unwrap_or_else(|e| panic!("{}: {e}", path.display())).lines().map(|l| serde_json::from_str(l).unwrap()).collect()
+    jsonl(path)
 }
 
 /// The ledger shows every dispatched group trained exactly once.
 fn assert_trained_once(run: &Path) {
-    let mut trained: HashMap<u64, usize> = HashMap::new();
-    let mut dispatched = 0;
-    for e in lines(&run.join("ledger.jsonl")) {
-        match e["event"].as_str() {
-            Some("trained") => *trained.entry(e["group"].as_u64().unwrap()).or_default() += 1,
-            Some("dispatch") => dispatched += 1,
-            _ => {}
-        }
-    }
+    let (trained, dispatched) = ledger_counts(run);
     assert!(dispatched > 0, "{}: nothing dispatched", run.display());
     assert_eq!(trained.len(), dispatched, "{}: every dispatched group is trained", run.display());
     assert!(trained.values().all(|&n| n == 1), "{}: a group trained twice: {trained:?}", run.display());
@@ -103,6 +95,30 @@ fn assert_no_nodes_left(run: &Path) {
         let alive = std::fs::read_to_string(format!("/proc/{pid}/cmdline")).is_ok_and(|c| c.contains("node"));
         assert!(!alive, "{} (pid {pid}) outlived its run", p["name"]);
     }
+}
+
+#[test]
+fn dev_2gpu_runs_on_the_cpu_with_device_cpu() {
+    let tmp = tempfile::tempdir().unwrap();
+    // The shipped file, on ports free now (two test runs at once must not meet).
+    let shipped = std::fs::read_to_string(repo().join("deploy/dev-2gpu.toml")).unwrap();
+    let start = shipped.find("[ports]").unwrap();
+    let end = start + shipped[start..].find("\n\n").unwrap();
+    let topo = tmp.path().join("dev-2gpu.toml");
+    std::fs::write(&topo, format!("{}{}{}", &shipped[..start], free_ports_table(8), &shipped[end..])).unwrap();
+    let recipe = recipe(tmp.path());
+    let run = tmp.path().join("run");
+    let out = up(topo.to_str().unwrap(), &recipe, &run).args(["--device", "cpu"]).output().unwrap();
+    assert_eq!(code(&out), 0, "{}", stderr(&out));
+    assert_trained_once(&run);
+    // The GPU topology's processes, on the CPU: the rollout process and the learner apart from the controller.
+    let status: Value = serde_json::from_str(&std::fs::read_to_string(run.join("status.json")).unwrap()).unwrap();
+    let names: Vec<&str> = status["processes"].as_array().unwrap().iter().map(|p| p["name"].as_str().unwrap()).collect();
+    assert_eq!(names, ["dev/main", "dev/rollout-0", "dev/learner-0"]);
+    assert_no_nodes_left(&run);
+    // Without --device cpu the same file is refused on this build.
+    let out = up(topo.to_str().unwrap(), &recipe, &tmp.path().join("run2")).output().unwrap();
+    assert_eq!(code(&out), 2, "{}", stderr(&out));
 }
 
 #[test]

@@ -89,10 +89,16 @@ pub struct Process {
     pub host: String,
     /// Its ports.
     pub ports: ProcessPorts,
+    /// The roles of its actors, in plan order.
+    pub roles: Vec<Role>,
     /// The actors it hosts.
     pub actors: Vec<Actor>,
     /// Environment variables it is started with.
     pub env: BTreeMap<String, String>,
+    /// The command it runs (`launcher node`; the controller's process runs
+    /// `launcher up`). How it is started (a child, ssh, a Slurm step) wraps it:
+    /// see `launcher up --dry-run`.
+    pub command: Vec<String>,
 }
 
 /// A process's own ports.
@@ -130,7 +136,7 @@ pub fn plan(topology: &Topology) -> Plan {
             let i = next_on_host.entry(host.clone()).or_default();
             let ports = ProcessPorts { control: topology.ports.control + *i, data: topology.ports.data + *i, metrics: topology.ports.metrics + *i };
             *i += 1;
-            Process { name: format!("{node}/{name}"), node: node.to_string(), host, ports, actors: Vec::new(), env: BTreeMap::new() }
+            Process { name: format!("{node}/{name}"), node: node.to_string(), host, ports, roles: Vec::new(), actors: Vec::new(), env: BTreeMap::new(), command: Vec::new() }
         })
         .collect();
     let by_name: HashMap<String, usize> = processes.iter().enumerate().map(|(i, p)| (p.name.clone(), i)).collect();
@@ -157,7 +163,7 @@ pub fn plan(topology: &Topology) -> Plan {
         gpus.sort_unstable();
         gpus.dedup();
         let visible: Vec<String> = gpus.iter().map(u32::to_string).collect();
-        let mut env = BTreeMap::from([
+        let env = BTreeMap::from([
             ("RLMESH_PROCESS".to_string(), p.name.clone()),
             ("RLMESH_NODE".to_string(), p.node.clone()),
             ("RLMESH_HOST".to_string(), p.host.clone()),
@@ -168,6 +174,15 @@ pub fn plan(topology: &Topology) -> Plan {
             ("RLMESH_METRICS_PORT".to_string(), p.ports.metrics.to_string()),
             ("CUDA_VISIBLE_DEVICES".to_string(), visible.join(",")),
         ]);
+        let mut roles: Vec<Role> = Vec::new();
+        for a in &p.actors {
+            if !roles.contains(&a.role) {
+                roles.push(a.role);
+            }
+        }
+        let mut env = topology.extra_env(&roles).into_iter().chain(env).collect::<BTreeMap<_, _>>();
+        p.command = if roles.contains(&Role::Controller) { vec!["launcher".into(), "up".into()] } else { vec!["launcher".into(), "node".into()] };
+        p.roles = roles;
         if let Some(l) = p.actors.iter().find(|a| a.role == Role::Learner) {
             env.insert("RLMESH_RANK".to_string(), l.rank.to_string());
             env.insert("RLMESH_WORLD_SIZE".to_string(), world_size.to_string());

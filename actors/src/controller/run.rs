@@ -399,10 +399,11 @@ fn stop_on_sigterm() -> Arc<std::sync::atomic::AtomicBool> {
 }
 
 /// A fresh run never appends to an earlier run's ledger and logs: a `dir` holding
-/// anything but its lock file is renamed to `<dir>.prev-<unix seconds>` (returned)
+/// anything but its lock file and its Slurm submission (`slurm/`) is renamed to `<dir>.prev-<unix seconds>` (returned)
 /// before the run starts. Call it holding `dir`'s lock ([`claim_run_dir`] does).
 pub fn set_aside_previous_run(dir: &Path) -> Result<Option<PathBuf>, RunError> {
-    let occupied = std::fs::read_dir(dir).map(|d| d.flatten().any(|e| e.file_name() != super::run_dir::LOCK_FILE)).unwrap_or(false);
+    // `slurm/` holds the submission of the job running this (its script and Slurm's output file).
+    let occupied = std::fs::read_dir(dir).map(|d| d.flatten().any(|e| e.file_name() != super::run_dir::LOCK_FILE && e.file_name() != "slurm")).unwrap_or(false);
     if !occupied {
         return Ok(None);
     }
@@ -762,6 +763,11 @@ pub async fn run(opts: RunOptions) -> Result<Summary, RunError> {
         status.processes.extend(f.entries(0));
     }
     status.metrics_addr = Some(metrics_addr.clone());
+    status.slurm = opts.fleet.as_ref().and_then(|f| f.slurm.as_ref()).map(|s| crate::controller::status::SlurmJob {
+        job_id: s.job_id.clone(),
+        submitted: s.submitted,
+        step_name: s.step_name.clone(),
+    });
     std::fs::write(&cfg_path, serde_json::to_string_pretty(&json!({"recipe": recipe, "rollout_actors": opts.rollout_actors})).expect("json"))
         .map_err(io(&cfg_path))?;
 

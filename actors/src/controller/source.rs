@@ -82,7 +82,14 @@ pub fn parse<T: DeserializeOwned>(file: &str, text: &str, validate: impl FnOnce(
     if text.len() > MAX_CONFIG_BYTES {
         return Err(too_large(file, text.len() as u64));
     }
-    let doc = Doc::parse(text).map_err(|e| syntax_error(file, text, &e))?;
+    // toml 0.8's `Spanned` cannot take the keys of a dotted table header
+    // (`[env.learner]`: "expected a borrowed string"); such a file is still
+    // valid TOML, and its errors then name the field without a line of its own.
+    let doc = match Doc::parse(text) {
+        Ok(d) => d,
+        Err(_) if toml::from_str::<toml::Table>(text).is_ok() => Doc { entries: Vec::new() },
+        Err(e) => return Err(syntax_error(file, text, &e)),
+    };
     let value: T = toml::from_str(text).map_err(|e| doc.serde_error(file, text, &e))?;
     validate(&value).map_err(|e| doc.field_error(file, text, e))?;
     Ok(value)

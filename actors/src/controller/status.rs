@@ -33,6 +33,22 @@ pub struct ProcessEntry {
     pub heartbeat_age_s: Option<f64>,
     /// Times it was restarted.
     pub restarts: u32,
+    /// Its Slurm job step (`job.step`), when it runs as one.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub slurm_step: Option<String>,
+}
+
+/// The Slurm job a run is inside.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(default)]
+pub struct SlurmJob {
+    /// `SLURM_JOB_ID`.
+    pub job_id: String,
+    /// The job was made by `launcher submit` for this run alone, so `launcher
+    /// down` may cancel the whole job (otherwise only the run's own steps).
+    pub submitted: bool,
+    /// The run's step name (`-J`): every step of this run carries it.
+    pub step_name: String,
 }
 
 /// The content of `status.json`.
@@ -63,6 +79,9 @@ pub struct RunStatus {
     pub metrics_addr: Option<String>,
     /// Every process of the run.
     pub processes: Vec<ProcessEntry>,
+    /// The Slurm job it runs in, if any.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub slurm: Option<SlurmJob>,
 }
 
 /// Who a status file's pid is, as far as this host can tell.

@@ -88,6 +88,27 @@ pub struct Topology {
     /// `ssh`: user, port, identity file, config file, options); default: plain `ssh HOST`.
     #[serde(default)]
     pub ssh: rlmesh_mesh::launch::SshConfig,
+    /// The network the collectives use (NCCL / Gloo interfaces, InfiniBand HCAs).
+    #[serde(default)]
+    pub network: Network,
+    /// Extra environment variables: `all` for every process, then one table per
+    /// role (`rollout`, `reward`, `learner`, `controller`, `weight_sync`), the
+    /// role's winning over `all`.
+    #[serde(default)]
+    pub env: BTreeMap<String, BTreeMap<String, String>>,
+}
+
+/// The network the collectives use; each field, when set, becomes the
+/// environment variables named beside it in every process.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct Network {
+    /// The interface for NCCL's and Gloo's sockets (`NCCL_SOCKET_IFNAME`, `GLOO_SOCKET_IFNAME`), e.g. `ib0` or `^lo,docker`.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub socket_ifname: Option<String>,
+    /// InfiniBand HCAs NCCL may use (`NCCL_IB_HCA`), e.g. `mlx5_0,mlx5_1`.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub ib_hca: Option<String>,
 }
 
 /// One machine.
@@ -248,6 +269,96 @@ impl Topology {
         source::parse(file, text, Topology::validate)
     }
 
+    /// `[env]`: tables `all` and the roles only; names are shell names, and
+    /// not the `RLMESH_*` variables the plan itself sets.
+    fn check_env(&self) -> Result<(), Invalid> {
+        let tables = ["all", "controller", "rollout", "reward", "learner", "weight_sync"];
+        for (table, vars) in &self.env {
+            if !tables.contains(&table.as_str()) {
+                return Err(Invalid::new(format!("env.{table}"), format!("unknown table; expected one of {}", tables.join(", "))));
+            }
+            for (k, v) in vars {
+                let shell = !k.is_empty() && !k.starts_with(|c: char| c.is_ascii_digit()) && k.chars().all(|c| c.is_ascii_alphanumeric() || c == '_');
+                if !shell {
+                    return Err(Invalid::new(format!("env.{table}.{k}"), "not an environment variable name (letters, digits, _; not starting with a digit)"));
+                }
+                if k.starts_with("RLMESH_") || k == "CUDA_VISIBLE_DEVICES" {
+                    return Err(Invalid::new(format!("env.{table}.{k}"), "set by the plan itself (`launcher plan --json` shows it); it cannot be overridden"));
+                }
+                if v.contains('\0') {
+                    return Err(Invalid::new(format!("env.{table}.{k}"), "a value cannot contain NUL"));
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// The environment `[network]` and `[env]` give a process hosting `roles`.
+    pub fn extra_env(&self, roles: &[Role]) -> BTreeMap<String, String> {
+        let mut env = BTreeMap::new();
+        if let Some(i) = &self.network.socket_ifname {
+            env.insert("NCCL_SOCKET_IFNAME".to_string(), i.clone());
+            env.insert("GLOO_SOCKET_IFNAME".to_string(), i.clone());
+        }
+        if let Some(h) = &self.network.ib_hca {
+            env.insert("NCCL_IB_HCA".to_string(), h.clone());
+        }
+        if let Some(all) = self.env.get("all") {
+            env.extend(all.iter().map(|(k, v)| (k.clone(), v.clone())));
+        }
+        for r in roles {
+            if let Some(vars) = self.env.get(r.as_str()) {
+                env.extend(vars.iter().map(|(k, v)| (k.clone(), v.clone())));
+            }
+        }
+        env
+    }
+
+    /// This topology on the hosts of an allocation: the controller's node on
+    /// `first` (where `launcher up` runs), every other node, in file order, on
+    /// the next host of `hosts` not yet taken. Errors when there are fewer hosts
+    /// than nodes.
+    pub fn on_hosts(&self, hosts: &[String], first: &str) -> Result<Topology, String> {
+        if !hosts.iter().any(|h| h == first) {
+            return Err(format!("this node ({first}) is not one of the allocation's hosts ({})", hosts.join(",")));
+        }
+        if hosts.len() < self.nodes.len() {
+            return Err(format!(
+                "the topology {} has {} nodes but the allocation has {} ({}); allocate at least {} (sbatch/salloc -N {})",
+                self.name,
+                self.nodes.len(),
+                hosts.len(),
+                hosts.join(","),
+                self.nodes.len(),
+                self.nodes.len()
+            ));
+        }
+        let mut free = hosts.iter().filter(|h| *h != first);
+        let mut t = self.clone();
+        for n in &mut t.nodes {
+            n.host = if n.name == self.controller.node { first.to_string() } else { free.next().expect("counted above").clone() };
+        }
+        Ok(t)
+    }
+
+    /// This topology with every GPU actor on the CPU (`launcher up --device
+    /// cpu`): each GPU entry becomes as many CPU actors in the same processes,
+    /// and the nodes lose their GPUs, so a GPU topology runs, and is tested, anywhere.
+    pub fn on_cpu(&self) -> Topology {
+        let mut t = self.clone();
+        for n in &mut t.nodes {
+            n.gpus = 0;
+            n.gpu_type = None;
+        }
+        for p in t.rollout.placement.iter_mut().chain(t.reward.placement.iter_mut()).chain(t.learner.placement.iter_mut()) {
+            if !p.gpus.is_empty() {
+                p.actors = Some(p.gpus.len() as u32);
+                p.gpus.clear();
+            }
+        }
+        t
+    }
+
     /// The node called `name`.
     pub fn node(&self, name: &str) -> Option<&NodeSpec> {
         self.nodes.iter().find(|n| n.name == name)
@@ -313,6 +424,7 @@ impl Topology {
                 return Err(Invalid::new(format!("nodes[{i}].gpu_type"), format!("node \"{}\" has no GPUs", n.name)));
             }
         }
+        self.check_env()?;
         let index = self.node_index();
         for (role, s) in [(Role::Controller, &self.controller), (Role::WeightSync, &self.weight_sync)] {
             self.check_node(&index, &format!("{role}.node"), &s.node)?;

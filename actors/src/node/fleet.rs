@@ -38,7 +38,8 @@ use rlmesh_mesh::control::{ControlConfig, ControlNode, ControlSender, Incoming, 
 use rlmesh_mesh::cookie::Cookie;
 use rlmesh_mesh::data_plane::{DataPlaneConfig, Inbox};
 use rlmesh_mesh::frame::FrameCodec;
-use rlmesh_mesh::launch::{Launcher, Process, ProcessSpec, SshConfig};
+use rlmesh_mesh::launch::{Host, Launcher, Process, ProcessSpec, SshConfig};
+use rlmesh_mesh::slurm::SrunConfig;
 use std::collections::{BTreeMap, HashMap};
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -57,6 +58,33 @@ pub struct FleetSpec {
     pub program: PathBuf,
     /// How long every process has to join.
     pub join_timeout: Duration,
+    /// Inside a Slurm allocation: every process is a job step of this job.
+    pub slurm: Option<SlurmSteps>,
+}
+
+/// How the processes of a run start as steps of a Slurm job.
+#[derive(Clone, Debug)]
+pub struct SlurmSteps {
+    /// The job.
+    pub job_id: String,
+    /// Every step's name (the run's).
+    pub step_name: String,
+    /// The job was made by `launcher submit` for this run alone.
+    pub submitted: bool,
+}
+
+impl FleetSpec {
+    /// How process `p` is started: a Slurm step on its node, or a child / ssh by its host.
+    pub fn launcher(&self, p: &Planned) -> Launcher {
+        match &self.slurm {
+            Some(s) => {
+                let gpus = p.actors.iter().filter(|a| matches!(a.device, crate::controller::topology::Device::Gpu(_))).count() as u32;
+                let srun = SrunConfig { program: "srun".into(), job_id: s.job_id.clone(), node: p.host.clone(), step_name: s.step_name.clone(), gpus, extra: vec![] };
+                Launcher::new(Host::Slurm { srun })
+            }
+            None => Launcher::for_host(&p.host, self.ssh.clone()),
+        }
+    }
 }
 
 /// What every role needs, from the recipe.
@@ -204,9 +232,10 @@ impl Fleet {
             s.secret_env.insert(rlmesh_mesh::cookie::COOKIE_ENV.into(), cookie.to_hex());
             let log = logs.join(log_name(&p.name));
             s.log = Some(log.clone());
-            let launcher = Launcher::for_host(&p.host, spec.ssh.clone());
+            let launcher = spec.launcher(p);
             let proc = launcher.spawn(&s).map_err(|e| format!("starting {} on {}: {e}", p.name, p.host))?;
-            progress(format!("started {} on {} (pid {}, log {})", p.name, launcher.host(), proc.pid(), log.display()));
+            let step = proc.slurm_step().map(|s| format!(", Slurm step {s}")).unwrap_or_default();
+            progress(format!("started {} on {} (pid {}{step}, log {})", p.name, launcher.host(), proc.pid(), log.display()));
             started.push((p.clone(), proc, log));
         }
         // Every process says Hello, or the start fails naming the first that did not.
@@ -274,6 +303,7 @@ impl Fleet {
                 version: if has(&m.planned, Role::Learner) { Some(learner_version) } else { versions.get(&m.planned.name).copied() },
                 heartbeat_age_s: self.core.tx.last_heard(&m.planned.name).map(|d| d.as_secs_f64()),
                 restarts: 0,
+                slurm_step: m.process.slurm_step().map(String::from),
             })
             .collect()
     }

@@ -74,6 +74,17 @@ impl NodeEnv {
 
 /// The data endpoint `tcp://host:port`.
 pub fn endpoint(host: &str, port: u16) -> String {
+    // ZeroMQ binds only to an address or an interface name, never a host name
+    // (a Slurm node is named, `h0`): a name is resolved here, its IPv4 first.
+    if host.parse::<std::net::IpAddr>().is_err() {
+        use std::net::ToSocketAddrs;
+        if let Ok(addrs) = (host, port).to_socket_addrs() {
+            let addrs: Vec<std::net::SocketAddr> = addrs.collect();
+            if let Some(a) = addrs.iter().find(|a| a.is_ipv4()).or(addrs.first()) {
+                return format!("tcp://{a}");
+            }
+        }
+    }
     format!("tcp://{host}:{port}")
 }
 

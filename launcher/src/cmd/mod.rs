@@ -5,6 +5,7 @@ pub mod chat;
 pub mod inspect;
 pub mod plan;
 pub mod report;
+pub mod slurm;
 pub mod status;
 pub mod up;
 

@@ -5,6 +5,7 @@
 //! in range, is still the process that wrote the file (host, boot, start time)
 //! and holds the run directory's lock; its text is printed with control
 //! characters escaped.
+use crate::cmd::slurm;
 use crate::error::{CliError, CliResult, UsageContext};
 use clap::Args;
 use rlmesh_actors::controller::run_dir::{RunDirLock, LOCK_FILE};
@@ -38,9 +39,13 @@ struct Loaded {
 
 /// `launcher status`.
 pub fn status(a: RunDirArgs) -> CliResult {
-    let Loaded { dir, status: s } = load(a.run_dir)?;
+    let dir_arg = a.run_dir.clone();
+    let Loaded { dir, status: s } = match load(a.run_dir) {
+        Ok(l) => l,
+        Err(e) => return pending_submission(dir_arg.as_deref()).unwrap_or(Err(e)),
+    };
     let shown = clean(&dir.display().to_string());
-    let owner = s.whose_pid();
+    let owner = slurm_owner(&s, s.whose_pid());
     let finished = dir.join("summary.json").is_file();
     let state = match &owner {
         PidOwner::Job => "running".to_string(),
@@ -56,6 +61,11 @@ pub fn status(a: RunDirArgs) -> CliResult {
     if let Some(addr) = &s.metrics_addr {
         println!("  metrics http://{}/metrics", clean(addr));
     }
+    if let Some(j) = &s.slurm {
+        let state = rlmesh_mesh::slurm::job_state(&j.job_id).ok().flatten().unwrap_or_else(|| "ended".into());
+        let how = if j.submitted { "submitted by `launcher submit`" } else { "started inside its allocation" };
+        println!("  Slurm job {} ({how}): {}, steps named {}", clean(&j.job_id), clean(&state), clean(&j.step_name));
+    }
     println!("  processes ({}):", s.processes.len());
     for p in &s.processes {
         let mut line = format!("    {}  pid={}  host={}  roles={}", clean(&p.name), p.pid, clean(&p.host), clean(&p.roles.join(",")));
@@ -67,6 +77,9 @@ pub fn status(a: RunDirArgs) -> CliResult {
         }
         if p.heartbeat_age_s.is_some() || p.restarts > 0 {
             line.push_str(&format!("  restarts={}", p.restarts));
+        }
+        if let Some(step) = &p.slurm_step {
+            line.push_str(&format!("  step={}", clean(step)));
         }
         println!("{line}");
     }
@@ -93,10 +106,42 @@ fn what_next(dir: &Path, s: &RunStatus) -> String {
     }
 }
 
+/// A run on another host of a Slurm job is alive while the job runs (its pid cannot be checked from here).
+fn slurm_owner(s: &RunStatus, owner: PidOwner) -> PidOwner {
+    match (&s.slurm, &owner) {
+        (Some(j), PidOwner::Other(_)) if s.host != rlmesh_actors::controller::status::host_name() => match rlmesh_mesh::slurm::job_state(&j.job_id) {
+            Ok(Some(state)) if state == "RUNNING" => PidOwner::Job,
+            Ok(_) => PidOwner::Gone,
+            Err(_) => owner,
+        },
+        _ => owner,
+    }
+}
+
+/// `launcher status` of a run whose job was submitted but has not written its status yet.
+fn pending_submission(dir: Option<&Path>) -> Option<CliResult> {
+    let dir = dir?;
+    let job = slurm::submitted(dir)?;
+    let state = rlmesh_mesh::slurm::job_state(&job.job_id).ok().flatten().unwrap_or_else(|| "ended".into());
+    println!("run {}: Slurm job {} is {state} (no status.json yet; Slurm's output: {})", clean(&dir.display().to_string()), clean(&job.job_id), job.output.display());
+    Some(Ok(()))
+}
+
 /// `launcher down`.
 pub fn down(a: RunDirArgs) -> CliResult {
-    let Loaded { dir, status: s } = load(a.run_dir)?;
+    let dir_arg = a.run_dir.clone();
+    let Loaded { dir, status: s } = match load(a.run_dir) {
+        Ok(l) => l,
+        // Submitted, not started yet: the job is all there is to stop.
+        Err(e) => match dir_arg.as_deref().and_then(slurm::submitted) {
+            Some(job) => return slurm::down_job(&job.job_id, &clean(&dir_arg.unwrap_or_default().display().to_string()), DOWN_WAIT),
+            None => return Err(e),
+        },
+    };
     let shown = clean(&dir.display().to_string());
+    if let Some(j) = s.slurm.as_ref().filter(|j| j.submitted) {
+        return slurm::down_job(&j.job_id, &shown, DOWN_WAIT);
+    }
     let pid = s.pid;
     let refuse = |why: String| Err(CliError::usage(anyhow::anyhow!("run {shown}: not signalling pid {pid}: {why}")));
     match s.whose_pid() {

@@ -5,6 +5,7 @@
 //! no live run owns the run directory, a resume has something to resume, and the
 //! metrics address is free. A refusal exits 2 and leaves every file as it was.
 use crate::cmd::bench::models_dir;
+use crate::cmd::slurm;
 use crate::error::{CliError, CliResult, UsageContext};
 use clap::Args;
 use rlmesh_actors::controller::plan::{plan, Plan};
@@ -19,13 +20,13 @@ use std::path::{Path, PathBuf};
 #[derive(Args)]
 pub struct UpArgs {
     /// Topology file (deploy/*.toml).
-    deploy: PathBuf,
+    pub(crate) deploy: PathBuf,
     /// Recipe file (configs/*.toml).
     #[arg(long, default_value = "configs/calculator-process.toml")]
-    recipe: PathBuf,
+    pub(crate) recipe: PathBuf,
     /// Run directory (default: runs/<recipe>).
     #[arg(long)]
-    run_dir: Option<PathBuf>,
+    pub(crate) run_dir: Option<PathBuf>,
     /// Override the recipe's RL steps.
     #[arg(long)]
     max_steps: Option<u64>,
@@ -37,10 +38,17 @@ pub struct UpArgs {
     eval_limit: Option<usize>,
     /// Continue a run from its latest checkpoint.
     #[arg(long)]
-    resume: bool,
-    /// Print the plan and the resolved recipe; start nothing.
+    pub(crate) resume: bool,
+    /// Print the plan (every process's command and environment) and the resolved recipe; start nothing.
     #[arg(long)]
-    dry_run: bool,
+    pub(crate) dry_run: bool,
+    /// Run every GPU actor of the topology on the CPU instead (`cpu`; e.g. deploy/dev-2gpu.toml on a machine without GPUs).
+    #[arg(long, value_parser = ["cpu"])]
+    pub(crate) device: Option<String>,
+    /// Run inside the Slurm allocation this runs in: every other process is a
+    /// job step (the default whenever SLURM_JOB_ID is set).
+    #[arg(long)]
+    pub(crate) slurm: bool,
     /// Serve /metrics here (default: the topology's metrics port on 127.0.0.1).
     #[arg(long)]
     metrics_addr: Option<String>,
@@ -49,21 +57,67 @@ pub struct UpArgs {
     panic_rollout_on_request: Option<u64>,
 }
 
+impl UpArgs {
+    /// The options a submitted job passes on to its `up`, with the paths given.
+    pub(crate) fn forwarded(&self, recipe: &Path, run_dir: &Path) -> Vec<String> {
+        let mut v = vec!["--recipe".to_string(), recipe.display().to_string(), "--run-dir".into(), run_dir.display().to_string()];
+        for (flag, value) in [("--max-steps", self.max_steps.map(|x| x.to_string())), ("--sft-steps", self.sft_steps.map(|x| x.to_string())), ("--eval-limit", self.eval_limit.map(|x| x.to_string())), ("--metrics-addr", self.metrics_addr.clone())] {
+            if let Some(x) = value {
+                v.extend([flag.to_string(), x]);
+            }
+        }
+        if self.resume {
+            v.push("--resume".into());
+        }
+        if let Some(d) = &self.device {
+            v.extend(["--device".to_string(), d.clone()]);
+        }
+        v
+    }
+}
+
 /// `launcher up`.
 pub fn up(a: UpArgs) -> CliResult {
     let topology = Topology::load(&a.deploy).map_err(CliError::usage)?;
     let recipe = Recipe::load(&a.recipe).map_err(CliError::usage)?;
-    let placement = plan(&topology);
+    let topology = if a.device.is_some() { topology.on_cpu() } else { topology };
+    let alloc = slurm::allocation(a.slurm)?;
+    let topology = match &alloc {
+        Some(al) => slurm::map_topology(&a.deploy, &topology, al)?,
+        None => topology,
+    };
+    let mut placement = plan(&topology);
     let run_dir = a.run_dir.clone().unwrap_or_else(|| PathBuf::from("runs").join(&recipe.name));
     let metrics_addr = a.metrics_addr.clone().unwrap_or_else(|| format!("127.0.0.1:{}", topology.ports.metrics));
-    check_startable(&a.deploy, &topology, &placement)?;
+    if !a.dry_run {
+        check_startable(&a.deploy, &topology, &placement)?;
+    }
     check_model(&a.recipe, &recipe)?;
     check_run_dir(&run_dir, &recipe, a.resume)?;
     std::net::TcpListener::bind(&metrics_addr).usage(format!("/metrics on {metrics_addr} (--metrics-addr, or {}: ports.metrics)", a.deploy.display()))?;
+    let program = std::env::current_exe().unwrap_or_else(|_| PathBuf::from("launcher"));
+    let steps = alloc.as_ref().map(|al| slurm::steps(al, &run_dir));
     if a.dry_run {
+        let argv: Vec<String> = std::env::args().skip(1).filter(|w| w != "--dry-run").collect();
+        match &steps {
+            Some(s) => slurm::fill_commands(&mut placement, s, &program, &argv),
+            None => fill_commands(&mut placement, &topology, &program, &argv),
+        }
         println!("{}", placement.table());
+        for p in &placement.processes {
+            println!("{}  {}", p.name, rlmesh_mesh::launch::sh_join(&p.command));
+            let env: Vec<String> = p.env.iter().map(|(k, v)| format!("{k}={}", rlmesh_mesh::launch::sh_quote(v))).collect();
+            println!("    env {}", env.join(" "));
+        }
         println!("{}", serde_json::to_string_pretty(&recipe)?);
-        return Ok(());
+        // The plan is printed for review either way; a topology this build cannot start is still refused.
+        return check_startable(&a.deploy, &topology, &placement);
+    }
+    if let Some(s) = &steps {
+        let stale = slurm::cancel_stale_steps(s)?;
+        if !stale.is_empty() {
+            eprintln!("[up] cancelled {} step(s) an earlier start of this run left in Slurm job {}: {}", stale.len(), s.job_id, stale.join(" "));
+        }
     }
     // Rollout actors in this process: all of them in a single-process topology.
     let mine = placement.processes.iter().find(|p| p.actors.iter().any(|a| a.role == Role::Controller)).map(|p| p.name.clone());
@@ -71,8 +125,9 @@ pub fn up(a: UpArgs) -> CliResult {
     let fleet = (placement.processes.len() > 1).then(|| FleetSpec {
         plan: placement.clone(),
         ssh: topology.ssh.clone(),
-        program: std::env::current_exe().unwrap_or_else(|_| PathBuf::from("launcher")),
+        program,
         join_timeout: std::time::Duration::from_secs(120),
+        slurm: steps,
     });
     let opts = RunOptions {
         run_dir,
@@ -123,8 +178,25 @@ fn check_startable(deploy: &Path, topology: &Topology, placement: &Plan) -> CliR
     Ok(())
 }
 
+/// Fills every process's `command` outside Slurm: `launcher node` as a local
+/// child, or behind `ssh [options] HOST --` for another host.
+pub(crate) fn fill_commands(plan: &mut rlmesh_actors::controller::plan::Plan, topology: &Topology, program: &Path, up_argv: &[String]) {
+    for p in &mut plan.processes {
+        let program = program.display().to_string();
+        if p.command.get(1).map(String::as_str) == Some("up") {
+            p.command = std::iter::once(program).chain(up_argv.iter().cloned()).collect();
+            continue;
+        }
+        let node = vec![program, "node".to_string()];
+        p.command = match rlmesh_mesh::launch::Host::resolve(&p.host, topology.ssh.clone()) {
+            rlmesh_mesh::launch::Host::Local => node,
+            _ => [topology.ssh.program.clone(), p.host.clone(), "--".into()].into_iter().chain(node).collect(),
+        };
+    }
+}
+
 /// A recipe's `model.path` other than `"tiny"` is a transformers directory with a tokenizer.
-fn check_model(file: &Path, recipe: &Recipe) -> CliResult {
+pub(crate) fn check_model(file: &Path, recipe: &Recipe) -> CliResult {
     if recipe.tiny_model() {
         return Ok(());
     }
@@ -142,7 +214,7 @@ fn check_model(file: &Path, recipe: &Recipe) -> CliResult {
 }
 
 /// No live run owns `dir`, and a resume has something to resume.
-fn check_run_dir(dir: &Path, recipe: &Recipe, resume: bool) -> CliResult {
+pub(crate) fn check_run_dir(dir: &Path, recipe: &Recipe, resume: bool) -> CliResult {
     if let Some(pid) = RunDirLock::holder(dir).usage(format!("--run-dir {}", dir.display()))? {
         return Err(CliError::usage(anyhow::anyhow!(
             "--run-dir {}: a live run owns this directory (pid {pid}); stop it first (`launcher down --run-dir {}`) or pick another --run-dir",

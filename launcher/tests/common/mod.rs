@@ -63,3 +63,31 @@ pub fn free_ports_table(n: u16) -> String {
     let b = free_port_base(4 * n);
     format!("[ports]\ncontrol = {}\ndata = {}\nmetrics = {}\nmaster = {}\n", b, b + n, b + 2 * n, b + 3 * n)
 }
+
+/// The lines of a JSONL file.
+pub fn jsonl(path: &Path) -> Vec<serde_json::Value> {
+    std::fs::read_to_string(path).unwrap_or_else(|e| panic!("{}: {e}", path.display())).lines().map(|l| serde_json::from_str(l).unwrap()).collect()
+}
+
+/// A run's ledger: how many times each group was trained, and how many dispatches there were.
+pub fn ledger_counts(run: &Path) -> (std::collections::HashMap<u64, usize>, usize) {
+    let mut trained = std::collections::HashMap::new();
+    let mut dispatched = 0;
+    for e in jsonl(&run.join("ledger.jsonl")) {
+        match e["event"].as_str() {
+            Some("trained") => *trained.entry(e["group"].as_u64().unwrap()).or_default() += 1,
+            Some("dispatch") => dispatched += 1,
+            _ => {}
+        }
+    }
+    (trained, dispatched)
+}
+
+/// The command lines of the processes in `pids` that run `launcher` (none once a run has left a host).
+pub fn launcher_processes(pids: &[u32]) -> Vec<String> {
+    pids.iter()
+        .filter_map(|p| std::fs::read(format!("/proc/{p}/cmdline")).ok().map(|c| (p, String::from_utf8_lossy(&c).replace('\0', " "))))
+        .filter(|(_, c)| c.contains("launcher"))
+        .map(|(p, c)| format!("{p}: {c}"))
+        .collect()
+}
