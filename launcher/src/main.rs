@@ -1,6 +1,6 @@
 //! `launcher` — the rlmesh command line.
 //!
-//! Running: `up`, `submit`, `plan`, `status`, `down`, `report`. Inspecting (JSON in, JSON
+//! Running: `up`, `submit`, `k8s`, `plan`, `status`, `down`, `report`. Inspecting (JSON in, JSON
 //! out): `score`, `render`, `chat`, `advantages`, `reward`. Measuring: `bench`.
 //! Every subcommand prints a clear error and exits non-zero on bad input
 //! (2 for usage and config errors).
@@ -24,6 +24,8 @@ enum Command {
     Up(cmd::up::UpArgs),
     /// Write the sbatch script of a run and submit it (`--dry-run`: print it).
     Submit(cmd::slurm::SubmitArgs),
+    /// Kubernetes manifests of a run: a StatefulSet and headless Service per process kind, the plan in a ConfigMap, the cookie in a Secret.
+    K8s(cmd::k8s::K8sArgs),
     /// The placement of a topology file: every process, host, device, role, rank, port and environment.
     Plan(cmd::plan::PlanArgs),
     /// Live state of a run: processes, step, policy version, throughput, staleness.
@@ -45,7 +47,7 @@ enum Command {
     /// Benchmarks, each printing the ratio against its peer measured in the same run.
     Bench(cmd::bench::BenchArgs),
     /// One process of a distributed run, started by `up` (its place comes from the plan's RLMESH_* environment).
-    Node,
+    Node(cmd::up::NodeArgs),
     /// Internal: one collective rank for `bench allreduce` (rlmesh_comm's worker flags).
     #[command(hide = true, disable_help_flag = true)]
     CommWorker {
@@ -68,11 +70,12 @@ fn main() -> ExitCode {
     let result = match cli.command {
         Command::Up(a) => cmd::up::up(a),
         Command::Submit(a) => cmd::slurm::submit(a),
+        Command::K8s(a) => cmd::k8s::run(a),
         Command::Plan(a) => cmd::plan::run(a),
         Command::Status(a) => cmd::status::status(a),
         Command::Down(a) => cmd::status::down(a),
         Command::Report(a) => cmd::report::run(a),
-        Command::Node => cmd::up::node(),
+        Command::Node(a) => cmd::up::node(a),
         Command::CommWorker { args } => return rlmesh_comm::worker_main(args),
         Command::Score(a) => cmd::inspect::score(a),
         Command::Render(a) => cmd::inspect::render(a),

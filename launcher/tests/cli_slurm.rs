@@ -43,6 +43,14 @@ fn submit(cluster: &TestSlurm, topo: &Path, recipe: &Path, run: &Path) -> String
     v["job_id"].as_str().unwrap().to_string()
 }
 
+/// Submits a run too long to finish in a test; its run directory and job id.
+fn submit_long(cluster: &TestSlurm, dir: &Path) -> (std::path::PathBuf, String) {
+    let (recipe, topo) = files(dir, 400);
+    let run = dir.join("run");
+    let job = submit(cluster, &topo, &recipe, &run);
+    (run, job)
+}
+
 fn slurm_output(run: &Path, job: &str) -> String {
     std::fs::read_to_string(run.join(format!("slurm/slurm-{job}.out"))).unwrap_or_default()
 }
@@ -111,9 +119,7 @@ fn a_submitted_three_node_job_trains_every_group_once() {
 fn launcher_down_of_a_submitted_run_ends_every_step() {
     let Some(cluster) = TestSlurm::start_or_skip(3, 4, 0) else { return };
     let tmp = tempfile::tempdir().unwrap();
-    let (recipe, topo) = files(tmp.path(), 400);
-    let run = tmp.path().join("run");
-    let job = submit(&cluster, &topo, &recipe, &run);
+    let (run, job) = submit_long(&cluster, tmp.path());
     // Wait until the run trains, with its steps running.
     let t0 = Instant::now();
     loop {
@@ -139,6 +145,22 @@ fn launcher_down_of_a_submitted_run_ends_every_step() {
     // The controller stopped on SIGTERM at a checkpoint that --resume continues.
     let output = slurm_output(&run, &job);
     assert!(output.contains("SIGTERM") || output.contains("stopped"), "{output}");
+}
+
+#[test]
+fn scancel_mid_run_leaves_no_process_on_any_host() {
+    let Some(cluster) = TestSlurm::start_or_skip(3, 4, 0) else { return };
+    let tmp = tempfile::tempdir().unwrap();
+    let (run, job) = submit_long(&cluster, tmp.path());
+    let t0 = Instant::now();
+    while cluster.client("squeue", &["-h", "-s", "-j", &job, "-o", "%j"]).map_or(0, |o| o.lines().filter(|l| l.starts_with("rlmesh-")).count()) < 2 {
+        assert!(t0.elapsed() < Duration::from_secs(120), "the steps did not start\n{}", slurm_output(&run, &job));
+        std::thread::sleep(Duration::from_millis(200));
+    }
+    let o = cluster.command("scancel").arg(&job).output().unwrap();
+    assert!(o.status.success(), "{}", stderr(&o));
+    assert!(cluster.wait_job(&job, Duration::from_secs(60)).is_some(), "job {job} outlived scancel");
+    assert_nothing_left(&cluster);
 }
 
 #[test]

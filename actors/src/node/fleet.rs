@@ -60,6 +60,10 @@ pub struct FleetSpec {
     pub join_timeout: Duration,
     /// Inside a Slurm allocation: every process is a job step of this job.
     pub slurm: Option<SlurmSteps>,
+    /// Something else starts the processes (Kubernetes: `launcher k8s`):
+    /// `up` only waits for each to join, with the cookie from its own
+    /// environment (`RLMESH_COOKIE` / `RLMESH_COOKIE_FILE`).
+    pub external: bool,
 }
 
 /// How the processes of a run start as steps of a Slurm job.
@@ -169,7 +173,8 @@ impl Core {
 struct Member {
     planned: Planned,
     hello: Hello,
-    process: Process,
+    /// The handle of a process this run started (none when started externally).
+    process: Option<Process>,
     log: PathBuf,
 }
 
@@ -207,7 +212,11 @@ impl Fleet {
         let me = plan.processes.iter().find(|p| p.actors.iter().any(|a| a.role == Role::Controller)).cloned().ok_or("the plan has no controller")?;
         let cookie_path = run_dir.join("cookie");
         let _ = std::fs::remove_file(&cookie_path);
-        let cookie = Cookie::generate().map_err(|e| e.to_string())?;
+        let cookie = if spec.external {
+            Cookie::from_env().map_err(|e| format!("the processes are started externally, so the run's cookie comes from the environment: {e}"))?
+        } else {
+            Cookie::generate().map_err(|e| e.to_string())?
+        };
         cookie.write_private(&cookie_path).map_err(|e| e.to_string())?;
         let ccfg = ControlConfig { cap: CONTROL_CAP, host: me.host.clone(), ..ControlConfig::default() };
         let mut control = ControlNode::<ControlMsg>::start(&me.name, me.ports.control, &cookie, ccfg)
@@ -222,8 +231,12 @@ impl Fleet {
         for p in &plan.processes {
             *per_host.entry(p.host.as_str()).or_default() += 1;
         }
-        let mut started: Vec<(Planned, Process, PathBuf)> = vec![];
+        let mut started: Vec<(Planned, Option<Process>, PathBuf)> = vec![];
         for p in plan.processes.iter().filter(|p| p.name != me.name) {
+            if spec.external {
+                started.push((p.clone(), None, logs.join(log_name(&p.name))));
+                continue;
+            }
             let mut s = ProcessSpec::new(spec.program.display().to_string(), ["node"]);
             s.env = p.env.clone();
             if per_host[p.host.as_str()] > 1 {
@@ -236,7 +249,10 @@ impl Fleet {
             let proc = launcher.spawn(&s).map_err(|e| format!("starting {} on {}: {e}", p.name, p.host))?;
             let step = proc.slurm_step().map(|s| format!(", Slurm step {s}")).unwrap_or_default();
             progress(format!("started {} on {} (pid {}{step}, log {})", p.name, launcher.host(), proc.pid(), log.display()));
-            started.push((p.clone(), proc, log));
+            started.push((p.clone(), Some(proc), log));
+        }
+        if spec.external {
+            progress(format!("waiting up to {:?} for {} externally started processes to join", spec.join_timeout, started.len()));
         }
         // Every process says Hello, or the start fails naming the first that did not.
         let t0 = Instant::now();
@@ -250,7 +266,7 @@ impl Fleet {
                 if hellos.contains_key(&p.name) {
                     continue;
                 }
-                if let Ok(Some(exit)) = proc.try_wait() {
+                if let Some(Ok(Some(exit))) = proc.as_mut().map(Process::try_wait) {
                     return Err(format!("{} exited before joining ({exit:?}); the end of its log ({}):\n{}", p.name, log.display(), tail(log, 20)));
                 }
             }
@@ -303,7 +319,7 @@ impl Fleet {
                 version: if has(&m.planned, Role::Learner) { Some(learner_version) } else { versions.get(&m.planned.name).copied() },
                 heartbeat_age_s: self.core.tx.last_heard(&m.planned.name).map(|d| d.as_secs_f64()),
                 restarts: 0,
-                slurm_step: m.process.slurm_step().map(String::from),
+                slurm_step: m.process.as_ref().and_then(|p| p.slurm_step()).map(String::from),
             })
             .collect()
     }
@@ -404,12 +420,14 @@ impl Fleet {
         }
         let members = self.members;
         let _ = tokio::task::spawn_blocking(move || {
-            for mut m in members {
-                match m.process.wait_timeout(grace) {
+            for m in members {
+                // An externally started process leaves on Stop; its starter owns it.
+                let Some(mut process) = m.process else { continue };
+                match process.wait_timeout(grace) {
                     Ok(Some(_)) => {}
                     _ => {
                         eprintln!("[fleet] {} did not leave within {grace:?}; stopping it", m.planned.name);
-                        let _ = m.process.stop(Duration::from_secs(3));
+                        let _ = process.stop(Duration::from_secs(3));
                     }
                 }
             }

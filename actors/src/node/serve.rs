@@ -133,7 +133,20 @@ pub async fn serve() -> Result<(), String> {
     let _server = serve_metrics(metrics.registry(), maddr.as_str()).map_err(|e| format!("/metrics on {maddr} (the topology's ports.metrics): {e}"))?;
     let ccfg = ControlConfig { cap: CONTROL_CAP, host: env.host.clone(), ..ControlConfig::default() };
     let mut control = ControlNode::<ControlMsg>::start(&env.process, env.control_port, &cookie, ccfg).await.map_err(|e| e.to_string())?;
-    control.connect(&env.controller_addr).await.map_err(|e| e.to_string())?;
+    // The controller may come up after us (pods start in any order): retry
+    // until RLMESH_JOIN_TIMEOUT_S (default 30 s) has passed.
+    let join = std::env::var("RLMESH_JOIN_TIMEOUT_S").ok().and_then(|s| s.parse::<u64>().ok()).unwrap_or(30);
+    let deadline = std::time::Instant::now() + Duration::from_secs(join);
+    loop {
+        match control.connect(&env.controller_addr).await {
+            Ok(()) => break,
+            Err(e) if std::time::Instant::now() < deadline => {
+                eprintln!("[node] {}: controller at {} not reachable yet ({e}); retrying", env.process, env.controller_addr);
+                tokio::time::sleep(Duration::from_secs(1)).await;
+            }
+            Err(e) => return Err(format!("{e} (controller at {}, tried for {join} s)", env.controller_addr)),
+        }
+    }
     control.wait_for_peer(&env.controller, Duration::from_secs(30)).await.map_err(|e| format!("{e} (controller at {})", env.controller_addr))?;
     let codec = FrameCodec::new(cookie.as_bytes(), DATA_CAP);
     let data = endpoint(&env.host, env.data_port);

@@ -3,6 +3,7 @@ pub mod bench;
 pub mod bench_pipeline;
 pub mod chat;
 pub mod inspect;
+pub mod k8s;
 pub mod plan;
 pub mod report;
 pub mod slurm;

@@ -45,6 +45,9 @@ pub struct UpArgs {
     /// Run every GPU actor of the topology on the CPU instead (`cpu`; e.g. deploy/dev-2gpu.toml on a machine without GPUs).
     #[arg(long, value_parser = ["cpu"])]
     pub(crate) device: Option<String>,
+    /// The other processes are started by something else (Kubernetes: `launcher k8s`): wait for them to join, with the cookie from RLMESH_COOKIE(_FILE).
+    #[arg(long)]
+    pub(crate) external: bool,
     /// Run inside the Slurm allocation this runs in: every other process is a
     /// job step (the default whenever SLURM_JOB_ID is set).
     #[arg(long)]
@@ -126,8 +129,10 @@ pub fn up(a: UpArgs) -> CliResult {
         plan: placement.clone(),
         ssh: topology.ssh.clone(),
         program,
-        join_timeout: std::time::Duration::from_secs(120),
+        // Pods may wait for a node and pull an image first.
+        join_timeout: std::time::Duration::from_secs(if a.external { 900 } else { 120 }),
         slurm: steps,
+        external: a.external,
     });
     let opts = RunOptions {
         run_dir,
@@ -228,8 +233,33 @@ pub(crate) fn check_run_dir(dir: &Path, recipe: &Recipe, resume: bool) -> CliRes
     Ok(())
 }
 
-/// `launcher node`: one process of a distributed run (started by `up`).
-pub fn node() -> CliResult {
+/// Arguments of `launcher node`.
+#[derive(Args)]
+pub struct NodeArgs {
+    /// Take this process's place from a plan (`launcher plan --json`, or the
+    /// ConfigMap of `launcher k8s`) instead of the RLMESH_* environment: the
+    /// process whose node is --node (default: this host's name, a pod's name).
+    #[arg(long)]
+    plan: Option<PathBuf>,
+    /// The node to take from --plan.
+    #[arg(long, requires = "plan")]
+    node: Option<String>,
+}
+
+/// `launcher node`: one process of a distributed run (started by `up`, or by Kubernetes).
+pub fn node(a: NodeArgs) -> CliResult {
+    if let Some(path) = &a.plan {
+        let text = std::fs::read_to_string(path).usage(format!("--plan {}", path.display()))?;
+        let plan: rlmesh_actors::controller::plan::Plan = serde_json::from_str(&text).usage(format!("--plan {}: not a plan", path.display()))?;
+        let me = a.node.clone().unwrap_or_else(rlmesh_actors::controller::status::host_name);
+        let p = plan.processes.iter().find(|p| p.node == me).ok_or_else(|| {
+            CliError::usage(anyhow::anyhow!("--plan {}: no process on node {me:?} (its nodes: {})", path.display(), plan.processes.iter().map(|p| p.node.as_str()).collect::<Vec<_>>().join(", ")))
+        })?;
+        // Before any thread exists: the runtime is built below.
+        for (k, v) in &p.env {
+            std::env::set_var(k, v);
+        }
+    }
     let rt = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build().usage("starting the runtime")?;
     rt.block_on(rlmesh_actors::node::serve::serve()).map_err(|e| CliError::from(anyhow::anyhow!("launcher node: {e}")))
 }
