@@ -1,6 +1,6 @@
 //! `launcher` — the rlmesh command line.
 //!
-//! Running: `up`, `submit`, `k8s`, `plan`, `status`, `down`, `report`. Inspecting (JSON in, JSON
+//! Running: `up`, `submit`, `k8s`, `plan`, `status`, `down`, `monitor`, `report`. Inspecting (JSON in, JSON
 //! out): `score`, `render`, `chat`, `advantages`, `reward`. Measuring: `bench`.
 //! Every subcommand prints a clear error and exits non-zero on bad input
 //! (2 for usage and config errors).
@@ -32,6 +32,8 @@ enum Command {
     Status(cmd::status::RunDirArgs),
     /// Stop a run cleanly: SIGTERM (the job checkpoints), then wait up to 60 s.
     Down(cmd::status::RunDirArgs),
+    /// A local Prometheus scraping every process of a run (RUN_DIR/prometheus/prometheus.yml).
+    Monitor(cmd::monitor::MonitorArgs),
     /// Summary table and PNG plots of a run; two runs side by side.
     Report(cmd::report::ReportArgs),
     /// Per-token log-probs of token sequences (JSONL in: {"token_ids": [...]}; out: {"logprobs": [...]}).
@@ -74,6 +76,7 @@ fn main() -> ExitCode {
         Command::Plan(a) => cmd::plan::run(a),
         Command::Status(a) => cmd::status::status(a),
         Command::Down(a) => cmd::status::down(a),
+        Command::Monitor(a) => cmd::monitor::run(a),
         Command::Report(a) => cmd::report::run(a),
         Command::Node(a) => cmd::up::node(a),
         Command::CommWorker { args } => return rlmesh_comm::worker_main(args),

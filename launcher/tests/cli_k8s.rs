@@ -83,11 +83,7 @@ impl Drop for Pods {
 #[test]
 fn the_manifests_commands_run_the_job_like_a_kubelet_would() {
     let tmp = tempfile::tempdir().unwrap();
-    let shipped = std::fs::read_to_string(repo().join("deploy/local-procs.toml")).unwrap();
-    let start = shipped.find("[ports]").unwrap();
-    let end = start + shipped[start..].find("\n\n").unwrap();
-    let topo = tmp.path().join("local-procs.toml");
-    std::fs::write(&topo, format!("{}{}{}", &shipped[..start], free_ports_table(8), &shipped[end..])).unwrap();
+    let topo = shipped_on_free_ports("local-procs", tmp.path());
     let recipe = tmp.path().join("k8s-test.toml");
     std::fs::write(&recipe, "reward = \"process\"\n[tasks]\nsize = 64\nheld_out = 100\n[sft]\nsteps = 40\nbatch_size = 8\ntasks = 512\n[rl]\nsteps = 3\ngroup_size = 4\ngroups_per_step = 2\nmax_turns = 2\nmax_new_tokens = 24\n").unwrap();
     let out_dir = tmp.path().join("k8s");

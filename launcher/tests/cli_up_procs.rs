@@ -100,12 +100,7 @@ fn assert_no_nodes_left(run: &Path) {
 #[test]
 fn dev_2gpu_runs_on_the_cpu_with_device_cpu() {
     let tmp = tempfile::tempdir().unwrap();
-    // The shipped file, on ports free now (two test runs at once must not meet).
-    let shipped = std::fs::read_to_string(repo().join("deploy/dev-2gpu.toml")).unwrap();
-    let start = shipped.find("[ports]").unwrap();
-    let end = start + shipped[start..].find("\n\n").unwrap();
-    let topo = tmp.path().join("dev-2gpu.toml");
-    std::fs::write(&topo, format!("{}{}{}", &shipped[..start], free_ports_table(8), &shipped[end..])).unwrap();
+    let topo = shipped_on_free_ports("dev-2gpu", tmp.path());
     let recipe = recipe(tmp.path());
     let run = tmp.path().join("run");
     let out = up(topo.to_str().unwrap(), &recipe, &run).args(["--device", "cpu"]).output().unwrap();

@@ -82,6 +82,21 @@ fn write_status(status: &mut RunStatus, dir: &Path, phase: &str, step: u64, vers
     let _ = status.write(dir);
 }
 
+/// Prometheus discovery files for every process of the run (`RUN_DIR/prometheus/`).
+fn write_discovery(dir: &Path, plan: Option<&crate::controller::plan::Plan>, metrics_addr: &str, progress: &Progress) {
+    let run = dir.file_name().map_or_else(|| "run".to_string(), |n| n.to_string_lossy().into_owned());
+    // A wildcard bind (0.0.0.0:P) is scraped at the controller's host.
+    let target = match (metrics_addr.parse::<std::net::SocketAddr>(), plan) {
+        (Ok(a), Some(p)) if a.ip().is_unspecified() => p.controller.rsplit_once(':').map_or_else(|| metrics_addr.to_string(), |(h, _)| format!("{h}:{}", a.port())),
+        _ => metrics_addr.to_string(),
+    };
+    let rules = Path::new("deploy/prometheus/rules.yml");
+    match crate::controller::discovery::write(dir, &run, plan, &target, rules.is_file().then_some(rules)) {
+        Ok(config) => progress.line(format!("Prometheus targets in {} (`launcher monitor {}` scrapes them)", config.display(), dir.display())),
+        Err(e) => progress.line(format!("Prometheus discovery files not written: {e}")),
+    }
+}
+
 /// `summary.json`: the held-out figures of a finished run.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 pub struct Summary {
@@ -774,6 +789,7 @@ pub async fn run(opts: RunOptions) -> Result<Summary, RunError> {
     if let Some(p) = previous {
         progress.line(format!("the run that was in {} is kept in {}", dir.display(), p.display()));
     }
+    write_discovery(&dir, fleet.as_ref().map(Fleet::plan), &metrics_addr, &progress);
 
     // The policy.
     let limits = ExecLimits { timeout_ms: 2000, max_output_bytes: 2048, max_calls_per_turn: 4 };

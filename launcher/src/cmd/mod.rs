@@ -4,6 +4,7 @@ pub mod bench_pipeline;
 pub mod chat;
 pub mod inspect;
 pub mod k8s;
+pub mod monitor;
 pub mod plan;
 pub mod report;
 pub mod slurm;

@@ -91,3 +91,14 @@ pub fn launcher_processes(pids: &[u32]) -> Vec<String> {
         .map(|(p, c)| format!("{p}: {c}"))
         .collect()
 }
+
+/// A shipped topology (`deploy/NAME.toml`) copied into `dir` with its `[ports]`
+/// table on ports free now, so two test runs at once do not meet.
+pub fn shipped_on_free_ports(name: &str, dir: &Path) -> PathBuf {
+    let shipped = std::fs::read_to_string(repo().join(format!("deploy/{name}.toml"))).unwrap();
+    let start = shipped.find("[ports]").unwrap();
+    let end = start + shipped[start..].find("\n\n").unwrap();
+    let path = dir.join(format!("{name}.toml"));
+    std::fs::write(&path, format!("{}{}{}", &shipped[..start], free_ports_table(8), &shipped[end..])).unwrap();
+    path
+}
