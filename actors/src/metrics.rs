@@ -123,7 +123,9 @@ macro_rules! metrics {
                     let $field = <$ty as Build>::build($name, $help, &[$($($label),+)?], buckets).expect("metric definitions are valid");
                     registry.register(Box::new($field.clone())).expect("metric names are unique");
                 )*
-                Metrics { registry, $($field),* }
+                let m = Metrics { registry, $($field),* };
+                m.zero_known_series();
+                m
             }
         }
     };
@@ -188,6 +190,24 @@ metrics! {
         "Control-plane connections that never authenticated (a wrong cookie, or not rlmesh).";
     peers_lost_total: IntCounterVec["peer"] => "rlmesh_peers_lost_total",
         "Processes this one declared lost (silent past the heartbeat deadline).";
+}
+
+/// Reasons a group is dropped untrained (`rlmesh_groups_dropped_total{reason}`).
+pub const DROP_REASONS: [&str; 2] = ["stale", "run_ended"];
+
+impl Metrics {
+    /// Series whose label values are known in advance exist from the start at
+    /// zero, so `rate()`, dashboards and alerts see them before the first event.
+    fn zero_known_series(&self) {
+        for plane in ["control", "data"] {
+            for reason in rlmesh_mesh::frame::REFUSAL_REASONS {
+                self.frames_refused_total.with_label_values(&[plane, reason]);
+            }
+        }
+        for reason in DROP_REASONS {
+            self.groups_dropped_total.with_label_values(&[reason]);
+        }
+    }
 }
 
 impl Default for Metrics {

@@ -966,7 +966,14 @@ pub async fn run(opts: RunOptions) -> Result<Summary, RunError> {
     let mut publishes: JoinSet<Result<f64, String>> = JoinSet::new();
     let (rl_start, rl_first) = (Instant::now(), step);
     progress.bar("rl", steps, step);
-    while step < steps {
+    // SIGTERM is looked at after every answer from a rollout actor, not only
+    // after a trained step: a loop whose groups all go stale still stops.
+    let mut stopped = false;
+    'rl: while step < steps {
+        if stopping() {
+            stopped = true;
+            break 'rl;
+        }
         // Keep the rollout actors `ahead` steps in front of the learner.
         // Out or waiting, never more than the steps still to train (a stale or lost request is replaced).
         let wanted = (1 + ahead).min((steps - step) as usize);
@@ -1051,17 +1058,26 @@ pub async fn run(opts: RunOptions) -> Result<Summary, RunError> {
                 eta(rl_start.elapsed(), step - rl_first, steps - rl_first)
             ));
             if stopping() && step < steps {
-                progress.finish_bar();
-                if step % recipe.rl.checkpoint_every != 0 {
-                    let c = Cursor::at(step, cursor, &metrics_log, &rollouts_log, &after_warmup, &after_warmup_sampled, &ledger, wall(&t0));
-                    checkpoint(&driver.learner, &dir, version, &c).await?;
-                }
-                write_status(&mut status, &dir, "stopped", step, version, fleet.as_ref());
-                let why = format!("SIGTERM: stopped at RL step {step}/{steps} after a checkpoint; `launcher up … --resume --run-dir {}` continues it", dir.display());
-                progress.line(why.clone());
-                return Err(RunError::Stopped(why));
+                stopped = true;
+                break 'rl;
             }
         }
+    }
+    if stopped {
+        progress.finish_bar();
+        if step % recipe.rl.checkpoint_every != 0 {
+            let c = Cursor::at(step, cursor, &metrics_log, &rollouts_log, &after_warmup, &after_warmup_sampled, &ledger, wall(&t0));
+            checkpoint(&driver.learner, &dir, version, &c).await?;
+        }
+        write_status(&mut status, &dir, "stopped", step, version, fleet.as_ref());
+        let has_checkpoint = !crate::learner::list_checkpoints(&dir.join("checkpoints")).is_empty();
+        let why = if has_checkpoint {
+            format!("SIGTERM: stopped at RL step {step}/{steps} after a checkpoint; `launcher up … --resume --run-dir {}` continues it", dir.display())
+        } else {
+            format!("SIGTERM: stopped at RL step {step}/{steps}, before any checkpoint: start the run again")
+        };
+        progress.line(why.clone());
+        return Err(RunError::Stopped(why));
     }
     progress.finish_bar();
     // Requests still out: their groups are not trained in this run.

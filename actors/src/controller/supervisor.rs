@@ -62,6 +62,8 @@ impl Actor for RolloutSupervisor {
         let mut refs = vec![];
         for (i, a) in args.actors.iter().enumerate() {
             refs.push(Some(Self::start(&myself, a, i).await?));
+            // At zero from the start, so a dashboard shows every supervised actor.
+            args.metrics.actor_restarts_total.with_label_values(&[&format!("rollout-{i}")]);
         }
         *args.slots.lock().expect("slots lock") = refs;
         let n = args.actors.len();

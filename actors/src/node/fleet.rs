@@ -280,6 +280,13 @@ impl Fleet {
             }
         }
         progress(format!("{} processes joined in {:.1} s", started.len(), t0.elapsed().as_secs_f64()));
+        // Series known from the plan start at zero (dashboards and alerts see them before any fault).
+        for (p, _, _) in &started {
+            metrics.peers_lost_total.with_label_values(&[&p.name]);
+            if has(p, Role::Rollout) {
+                metrics.actor_restarts_total.with_label_values(&[&p.name]);
+            }
+        }
         let members: Vec<Member> = started.into_iter().map(|(planned, process, log)| Member { hello: hellos.remove(&planned.name).expect("joined"), planned, process, log }).collect();
         let core = Arc::new(Core {
             tx: control.sender(),

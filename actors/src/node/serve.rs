@@ -157,6 +157,7 @@ pub async fn serve() -> Result<(), String> {
     let tx = control.sender();
     tx.send(&env.controller, &ControlMsg::Hello(hello)).map_err(|e| e.to_string())?;
     eprintln!("[node] {}: joined the controller {} at {}", env.process, env.controller, env.controller_addr);
+    metrics.peers_lost_total.with_label_values(&[&env.controller]);
     let mut hosted = Hosted::default();
     let (mut mirror, mut tick) = (RefusalMirror::default(), tokio::time::interval(Duration::from_secs(1)));
     let data_stats = inbox.stats();
