@@ -195,4 +195,23 @@ fn h100x32_inside_a_four_node_allocation_maps_nodes_and_binds_gpus() {
     assert_eq!(text.lines().filter(|l| l.contains("srun ") && l.contains(" node")).count(), 34, "{text}");
     assert!(text.contains("CUDA_VISIBLE_DEVICES=") && text.contains("RLMESH_CONTROLLER_ADDR=h0:"), "{text}");
     assert!(text.contains("this build starts CPU topologies only") && text.contains("exit=2"), "{text}");
+
+    // An `salloc` shell on a host outside the allocation cannot be the controller's;
+    // a one-process run there needs no steps and starts as usual.
+    let up_here = |topo: &str| {
+        cluster
+            .command(bin)
+            .current_dir(repo())
+            .env("SLURM_JOB_ID", "4242")
+            .env("SLURM_JOB_NODELIST", "h[0-3]")
+            .env_remove("SLURMD_NODENAME")
+            .args(["up", topo, "--dry-run", "--metrics-addr", "127.0.0.1:0", "--run-dir", tmp.path().join("r").to_str().unwrap()])
+            .output()
+            .unwrap()
+    };
+    let o = up_here("deploy/slurm-cpu3.toml");
+    assert_eq!(code(&o), 2, "{}", stderr(&o));
+    assert!(stderr(&o).contains("is not one of the allocation's nodes (h0,h1,h2,h3)") && stderr(&o).contains("launcher submit"), "{}", stderr(&o));
+    let o = up_here("deploy/local.toml");
+    assert_eq!(code(&o), 0, "{}", stderr(&o));
 }

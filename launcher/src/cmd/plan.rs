@@ -25,7 +25,7 @@ pub fn run(a: PlanArgs) -> CliResult {
     let topology = Topology::load(&a.deploy).map_err(CliError::usage)?;
     // Inside a Slurm allocation, the nodes are the allocation's hosts.
     let topology = if a.device.is_some() { topology.on_cpu() } else { topology };
-    let alloc = crate::cmd::slurm::allocation(false)?;
+    let alloc = crate::cmd::slurm::allocation(false, &topology)?;
     let topology = match &alloc {
         Some(al) => crate::cmd::slurm::map_topology(&a.deploy, &topology, al)?,
         None => topology,

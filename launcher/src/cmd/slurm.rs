@@ -68,12 +68,30 @@ pub fn step_name(run_dir: &Path) -> String {
     format!("rlmesh-{:08x}", h.finish() as u32)
 }
 
-/// The allocation `up`/`plan` run in: with `--slurm` (an error outside one), or whenever `SLURM_JOB_ID` is set.
-pub fn allocation(asked: bool) -> CliResult<Option<Allocation>> {
-    if !asked && !Allocation::inside() {
+/// The allocation `up`/`plan` run in: with `--slurm` (an error outside one),
+/// or whenever `SLURM_JOB_ID` is set and the topology has more than one
+/// process (a one-process run needs no steps, wherever it runs).
+pub fn allocation(asked: bool, topology: &Topology) -> CliResult<Option<Allocation>> {
+    if !asked && (!Allocation::inside() || rlmesh_actors::controller::plan::plan(topology).processes.len() < 2) {
         return Ok(None);
     }
     Allocation::from_env().map(Some).map_err(CliError::usage)
+}
+
+/// `up` runs the controller, so it must run on a node of the allocation
+/// (a batch script, or a step), not on a login node holding an `salloc`.
+pub fn check_on_a_node(alloc: &Allocation) -> CliResult {
+    let me = rlmesh_actors::controller::status::host_name();
+    let short = me.split('.').next().unwrap_or(&me).to_string();
+    if std::env::var_os("SLURMD_NODENAME").is_some() || alloc.hosts.iter().any(|h| *h == me || *h == short) {
+        return Ok(());
+    }
+    Err(CliError::usage(anyhow::anyhow!(
+        "Slurm job {}: this host ({me}) is not one of the allocation's nodes ({}), and the controller must run on one: use `launcher submit`, or `srun --nodes=1 --ntasks=1 --nodelist={} launcher up …`",
+        alloc.job_id,
+        alloc.hosts.join(","),
+        alloc.hosts.first().map_or("NODE", String::as_str)
+    )))
 }
 
 /// The topology on the allocation's hosts (see [`Topology::on_hosts`]).

@@ -84,7 +84,10 @@ pub fn up(a: UpArgs) -> CliResult {
     let topology = Topology::load(&a.deploy).map_err(CliError::usage)?;
     let recipe = Recipe::load(&a.recipe).map_err(CliError::usage)?;
     let topology = if a.device.is_some() { topology.on_cpu() } else { topology };
-    let alloc = slurm::allocation(a.slurm)?;
+    let alloc = slurm::allocation(a.slurm, &topology)?;
+    if let Some(al) = &alloc {
+        slurm::check_on_a_node(al)?;
+    }
     let topology = match &alloc {
         Some(al) => slurm::map_topology(&a.deploy, &topology, al)?,
         None => topology,
