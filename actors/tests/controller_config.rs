@@ -301,6 +301,43 @@ fn recipe_errors_name_the_file_line_and_field() {
 }
 
 #[test]
+fn multistep_recipes_differ_only_in_the_estimator_and_check_its_fields() {
+    let base = Recipe::load(&repo("configs/multistep-grpo.toml")).unwrap();
+    for name in ["slca", "steptool", "steptool-critic-free"] {
+        let mut r = Recipe::load(&repo(&format!("configs/multistep-{name}.toml"))).unwrap();
+        assert_ne!(r.estimator, base.estimator);
+        r.estimator = base.estimator.clone();
+        r.name = base.name.clone();
+        assert_eq!(r, base, "multistep-{name}.toml differs from multistep-grpo.toml outside [estimator]");
+    }
+    assert!(base.sft.share && base.tasks.three_step_fraction > 0.0 && base.rl.max_turns >= 4);
+    // A field of another estimator, a bad range: named with file, line and field.
+    let slca = read("configs/multistep-slca.toml");
+    let cases: [(&str, &str, &str, &str); 4] = [
+        ("w_process = 1.0", "w_process = 1.0\ngamma = 0.9", "gamma = 0.9", "field \"estimator.gamma\": only steptool and steptool_critic_free use it, and this recipe's estimator is slca; remove it"),
+        ("w_summary = 1.0", "w_summary = -1.0", "w_summary = -1.0", "field \"estimator.w_summary\": must be ≥ 0, got -1"),
+        ("name = \"slca\"", "name = \"steptool\"", "w_process", "field \"estimator.w_process\": only slca uses it, and this recipe's estimator is steptool; remove it"),
+        ("norm_by_std = true", "norm_by_std = \"yes\"", "\"yes\"", "field \"estimator.norm_by_std\": invalid type: string \"yes\""),
+    ];
+    for (from, to, at, expected) in cases {
+        let text = edit(&slca, from, to);
+        let err = recipe_error(&text);
+        let want = format!("configs/bad.toml:{}: {expected}", line(&text, at));
+        assert!(err.starts_with(&want), "edit {from:?} → {to:?}:\n got  {err}\n want {want}");
+    }
+    let steptool = read("configs/multistep-steptool.toml");
+    for (from, to, at, expected) in [
+        ("lam = 0.95", "lam = 1.5", "lam = 1.5", "field \"estimator.lam\": must be in [0, 1], got 1.5"),
+        ("kl_target = 6.0", "kl_target = 0.0", "kl_target = 0.0", "field \"estimator.kl_target\": must be > 0, got 0"),
+    ] {
+        let text = edit(&steptool, from, to);
+        let err = recipe_error(&text);
+        let want = format!("configs/bad.toml:{}: {expected}", line(&text, at));
+        assert!(err.starts_with(&want), "edit {from:?} → {to:?}:\n got  {err}\n want {want}");
+    }
+}
+
+#[test]
 fn network_and_env_tables_reach_each_process_by_role_and_cannot_override_the_plan() {
     let base = read("deploy/local-procs.toml");
     let text = format!(

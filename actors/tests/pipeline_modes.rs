@@ -57,6 +57,7 @@ fn options(dir: &Path, mode: &str, panic_on: Option<u64>) -> RunOptions {
         eval_limit: Some(4),
         resume: false,
         fleet: None,
+        record_batches: false,
     }
 }
 

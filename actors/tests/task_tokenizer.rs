@@ -17,7 +17,7 @@ fn repo() -> PathBuf {
 }
 
 fn build(dir: &Path, vocab: usize) -> Tokenizer {
-    let tasks = generate(&MixConfig { size: 300, tool_fraction: 0.5, multi_step_fraction: 0.0, inventory: false, seed: 3 }).unwrap();
+    let tasks = generate(&MixConfig { size: 300, tool_fraction: 0.5, multi_step_fraction: 0.0, inventory: false, three_step_fraction: 0.0, seed: 3 }).unwrap();
     let reg = ToolRegistry::from_names(&["calculator"], ExecLimits::default()).unwrap();
     build_task_tokenizer(dir, &tasks, &reg, vocab).unwrap();
     Tokenizer::load(dir).unwrap()
@@ -25,7 +25,7 @@ fn build(dir: &Path, vocab: usize) -> Tokenizer {
 
 fn calculator_schema() -> Vec<Value> {
     let reg = ToolRegistry::from_names(&["calculator"], ExecLimits::default()).unwrap();
-    let task = generate(&MixConfig { size: 2, tool_fraction: 1.0, multi_step_fraction: 0.0, inventory: false, seed: 0 }).unwrap().remove(0);
+    let task = generate(&MixConfig { size: 2, tool_fraction: 1.0, multi_step_fraction: 0.0, inventory: false, three_step_fraction: 0.0, seed: 0 }).unwrap().remove(0);
     reg.session(&task).unwrap().schemas()
 }
 

@@ -46,6 +46,15 @@ pub struct AnalysisRow {
     pub final_reward: Option<f64>,
     /// The reward used for training.
     pub total_reward: f64,
+    /// SLCA's process-segment reward `p` (HierR), when the reward actor scored segments.
+    #[serde(default)]
+    pub process_segment_reward: Option<f64>,
+    /// SLCA's summary-segment reward `q` (the judge), when scored.
+    #[serde(default)]
+    pub summary_segment_reward: Option<f64>,
+    /// StepTool's reward of each assistant turn in order, when scored.
+    #[serde(default)]
+    pub step_rewards: Option<Vec<f64>>,
     /// Why part of the rollout could not be graded, if so.
     pub verifier_error: Option<String>,
     /// Free text for a person reviewing the row (empty when written).
@@ -74,6 +83,9 @@ pub fn analysis_row(task: &Task, traj: &Trajectory, reward: &Scored) -> Analysis
         execution_reward: reward.component("execution_success"),
         final_reward: reward.component("final_correct"),
         total_reward: reward.total,
+        process_segment_reward: None,
+        summary_segment_reward: None,
+        step_rewards: None,
         verifier_error: task.expected_answer.is_none().then(|| "task has no expected_answer: final answer not graded".to_string()),
         human_note: None,
     }
@@ -193,4 +205,47 @@ pub fn trajectory_outcome(task: &Task, traj: &Trajectory) -> TrajectoryOutcome {
         !called_tool && final_correct
     };
     TrajectoryOutcome { success, final_correct, called_tool, unnecessary_tool: !task.requires_tool && called_tool, repeated_call }
+}
+
+/// Per-step call accuracy of a tool task: the share of gold steps whose
+/// calls the rollout made, right, in the same turn position — the k-th turn
+/// with calls holds exactly the k-th gold step's calls (names and arguments
+/// under [`loose_eq`](crate::reward::answer::loose_eq), in any order), and they
+/// ran. `None` for a task without gold calls.
+pub fn step_call_accuracy(task: &Task, traj: &Trajectory) -> Option<f64> {
+    if task.gold_tool_calls.is_empty() {
+        return None;
+    }
+    let mut turns: Vec<Vec<&crate::trajectory::Step>> = Vec::new();
+    for s in &traj.steps {
+        match turns.last_mut() {
+            Some(t) if t[0].turn == s.turn => t.push(s),
+            _ => turns.push(vec![s]),
+        }
+    }
+    let right = task
+        .gold_tool_calls
+        .iter()
+        .zip(turns.iter().map(Some).chain(std::iter::repeat(None)))
+        .filter(|(gold, made)| {
+            made.is_some_and(|calls| {
+                let mut unused: Vec<&crate::trajectory::Step> = calls.clone();
+                calls.len() == gold.len()
+                    && gold.iter().all(|g| {
+                        let hit = unused.iter().position(|c| c.success && c.name == g.name && arguments_match(&c.arguments, &g.arguments));
+                        hit.map(|i| unused.remove(i)).is_some()
+                    })
+            })
+        })
+        .count();
+    Some(right as f64 / task.gold_tool_calls.len() as f64)
+}
+
+/// Arguments that match: objects with the same keys whose values are
+/// [`loose_eq`](crate::reward::answer::loose_eq); other values loosely equal.
+fn arguments_match(made: &Value, gold: &Value) -> bool {
+    match (made.as_object(), gold.as_object()) {
+        (Some(m), Some(g)) => m.len() == g.len() && g.iter().all(|(k, gv)| m.get(k).is_some_and(|mv| crate::reward::answer::loose_eq(mv, gv))),
+        _ => crate::reward::answer::loose_eq(made, gold),
+    }
 }

@@ -3,7 +3,8 @@
 //! The seed's mix puts tool-required tasks (`"Use the calculator to compute
 //! 17 * 24."`) next to no-tool tasks (`"Reply with exactly: hello"`) so that
 //! the policy learns *when* to call, not just how; [`MixConfig`] sets the ratio
-//! and adds multi-step tasks (two calculator calls for `(a + b) * c`, or
+//! and adds multi-step tasks (two calculator calls for `(a + b) * c`, three for
+//! `((a + b) * c) - d`, or
 //! inventory updates that need a lookup before the write). Generation is
 //! deterministic for a seed and never repeats a task.
 //!
@@ -64,13 +65,16 @@ pub struct MixConfig {
     /// Whether multi-step tasks include inventory tasks (half of them; needs
     /// the `inventory` environment) besides two-call calculator tasks.
     pub inventory: bool,
+    /// Share of the multi-step calculator tasks that need three dependent calls
+    /// (`((a + b) × c) − d`) instead of two, in `[0, 1]`.
+    pub three_step_fraction: f64,
     /// Seed of the generator.
     pub seed: u64,
 }
 
 impl Default for MixConfig {
     fn default() -> Self {
-        MixConfig { size: 512, tool_fraction: 0.5, multi_step_fraction: 0.25, inventory: true, seed: 0 }
+        MixConfig { size: 512, tool_fraction: 0.5, multi_step_fraction: 0.25, inventory: true, three_step_fraction: 0.0, seed: 0 }
     }
 }
 
@@ -114,6 +118,7 @@ enum Kind {
     NoTool,
     Calc,
     Calc2,
+    Calc3,
     Inventory,
 }
 
@@ -123,6 +128,7 @@ impl Kind {
             Kind::NoTool => "notool",
             Kind::Calc => "calc",
             Kind::Calc2 => "calc2",
+            Kind::Calc3 => "calc3",
             Kind::Inventory => "inv",
         }
     }
@@ -132,7 +138,9 @@ impl Kind {
 /// which `round(·multi_step_fraction)` multi-step, in a seeded random order,
 /// with no two tasks alike. Ids are `<kind>-<position>`.
 pub fn generate(cfg: &MixConfig) -> Result<Vec<Task>, DatasetError> {
-    for (name, v) in [("tool_fraction", cfg.tool_fraction), ("multi_step_fraction", cfg.multi_step_fraction)] {
+    for (name, v) in
+        [("tool_fraction", cfg.tool_fraction), ("multi_step_fraction", cfg.multi_step_fraction), ("three_step_fraction", cfg.three_step_fraction)]
+    {
         if !(0.0..=1.0).contains(&v) {
             return Err(DatasetError::Config(format!("{name} must be in [0, 1], got {v}")));
         }
@@ -140,10 +148,12 @@ pub fn generate(cfg: &MixConfig) -> Result<Vec<Task>, DatasetError> {
     let n_tool = (cfg.size as f64 * cfg.tool_fraction).round() as usize;
     let n_multi = (n_tool as f64 * cfg.multi_step_fraction).round() as usize;
     let n_inv = if cfg.inventory { n_multi / 2 } else { 0 };
+    let n_three = ((n_multi - n_inv) as f64 * cfg.three_step_fraction).round() as usize;
     let counts = [
         (Kind::NoTool, cfg.size - n_tool),
         (Kind::Calc, n_tool - n_multi),
-        (Kind::Calc2, n_multi - n_inv),
+        (Kind::Calc2, n_multi - n_inv - n_three),
+        (Kind::Calc3, n_three),
         (Kind::Inventory, n_inv),
     ];
     let mut rng = Rng(cfg.seed);
@@ -173,7 +183,7 @@ pub fn generate(cfg: &MixConfig) -> Result<Vec<Task>, DatasetError> {
 fn make_task(kind: Kind, d: Draft) -> Task {
     let allowed_tools = match kind {
         Kind::NoTool => vec![],
-        Kind::Calc | Kind::Calc2 => vec![calculator::NAME.to_string()],
+        Kind::Calc | Kind::Calc2 | Kind::Calc3 => vec![calculator::NAME.to_string()],
         Kind::Inventory => ["list_items", "get_stock", "set_stock"].map(String::from).to_vec(),
     };
     Task {
@@ -201,6 +211,7 @@ fn draft(kind: Kind, rng: &mut Rng) -> Draft {
         Kind::NoTool => no_tool(rng),
         Kind::Calc => calc(rng),
         Kind::Calc2 => calc2(rng),
+        Kind::Calc3 => calc3(rng),
         Kind::Inventory => inventory_task(rng),
     }
 }
@@ -291,6 +302,25 @@ fn calc2(rng: &mut Rng) -> Draft {
         format!("Compute ({a} {s1} {b}) {s2} {c} step by step with the calculator, one operation per call.")
     };
     Draft { prompt, gold: vec![vec![first], vec![second]], answer, env_state: None }
+}
+
+/// Three dependent calls: `(a + b) × c`, then `− d` — each call's operand is the
+/// previous call's result, so a wrong early call spoils every later one.
+fn calc3(rng: &mut Rng) -> Draft {
+    let (op1, op2, op3) = (*rng.pick(&[Operation::Add, Operation::Subtract]), Operation::Multiply, Operation::Subtract);
+    let (a, b, c) = (Number::from(rng.range(10, 99)), Number::from(rng.range(2, 9)), Number::from(rng.range(2, 9)));
+    let d = Number::from(rng.range(2, 99));
+    let int = |r: &str| Number::from(r.parse::<i64>().unwrap_or_else(|e| unreachable!("integer ops give integers: {e}")));
+    let (first, r1) = calc_call(op1, &a, &b);
+    let (second, r2) = calc_call(op2, &int(&r1), &c);
+    let (third, answer) = calc_call(op3, &int(&r2), &d);
+    let s1 = op1.symbol();
+    let prompt = match rng.range(0, 2) {
+        0 => format!("Use the calculator to compute ({a} {s1} {b}) * {c}, then subtract {d}. Reply with the final number."),
+        1 => format!("With the calculator, one operation per call: take {a} {s1} {b}, multiply the result by {c}, then subtract {d}. Reply with the final number."),
+        _ => format!("Compute (({a} {s1} {b}) * {c}) - {d} step by step with the calculator and reply with the result."),
+    };
+    Draft { prompt, gold: vec![vec![first], vec![second], vec![third]], answer, env_state: None }
 }
 
 const ITEMS: &[&str] = &["apples", "bananas", "cherries", "dates", "eggs", "flour", "grapes", "honey", "lemons", "mangoes"];

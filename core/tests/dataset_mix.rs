@@ -6,7 +6,7 @@ use rlmesh_core::{Task, TaskType};
 use std::collections::HashSet;
 
 fn mix(size: usize, seed: u64) -> Vec<Task> {
-    generate(&MixConfig { size, tool_fraction: 0.4, multi_step_fraction: 0.5, inventory: true, seed }).unwrap()
+    generate(&MixConfig { size, tool_fraction: 0.4, multi_step_fraction: 0.5, inventory: true, three_step_fraction: 0.5, seed }).unwrap()
 }
 
 #[test]
@@ -22,7 +22,11 @@ fn the_mix_has_the_configured_proportions() {
     assert_eq!((count(TaskType::NoTool), count(TaskType::ToolRequired), count(TaskType::MultiStep)), (300, 100, 100));
     let inventory = tasks.iter().filter(|t| t.environment.as_deref() == Some("inventory")).count();
     assert_eq!(inventory, 50);
-    let no_inv = generate(&MixConfig { size: 100, tool_fraction: 1.0, multi_step_fraction: 1.0, inventory: false, seed: 0 }).unwrap();
+    // Half of the 50 multi-step calculator tasks need three dependent calls.
+    let three = tasks.iter().filter(|t| t.gold_tool_calls.len() == 3).count();
+    assert_eq!(three, 25);
+    assert!(tasks.iter().filter(|t| t.gold_tool_calls.len() == 3).all(|t| t.id.starts_with("calc3-")));
+    let no_inv = generate(&MixConfig { size: 100, tool_fraction: 1.0, multi_step_fraction: 1.0, inventory: false, three_step_fraction: 0.0, seed: 0 }).unwrap();
     assert!(no_inv.iter().all(|t| t.task_type() == TaskType::MultiStep && t.environment.is_none()));
     // Not all tool tasks come first: the order is shuffled.
     assert!(tasks[..300].iter().any(|t| t.requires_tool));

@@ -74,7 +74,7 @@ fn columns_in_the_seed_order() {
         [
             "prompt_id", "task_type", "rendered_prompt", "completion", "tool_name", "arguments", "tool_result", "call_count",
             "format_reward", "selection_reward", "argument_reward", "execution_reward", "final_reward", "total_reward",
-            "verifier_error", "human_note"
+            "process_segment_reward", "summary_segment_reward", "step_rewards", "verifier_error", "human_note"
         ]
     );
     assert_eq!(v["task_type"], json!("tool_required"));

@@ -145,3 +145,44 @@ fn extreme_metrics_are_left_out_of_the_plots_with_a_note_instead_of_hanging() {
     assert_png(&run.join("report/rewards.png"));
     assert_png(&run.join("report/success.png"));
 }
+
+/// A finished run of `recipe` whose held-out success is `success` (training success climbs to it over 4 steps).
+fn seed_run(dir: &Path, recipe: &str, success: f64, wall: f64) {
+    std::fs::create_dir_all(dir).unwrap();
+    let metrics: String = (1..=4).map(|s| format!("{}\n", json!({"step": s, "trajectory_success": success * s as f64 / 4.0, "reward_mean": s}))).collect();
+    std::fs::write(dir.join("metrics.jsonl"), metrics).unwrap();
+    let summary = json!({"recipe": recipe, "trajectory_success": success, "step_call_accuracy": success / 2.0, "summary_score": 0.25,
+                         "final_answer_accuracy": 0.5, "steps": 4, "wall_seconds": wall, "after_warmup": {"trajectory_success": 0.4}});
+    std::fs::write(dir.join("summary.json"), summary.to_string()).unwrap();
+}
+
+#[test]
+fn report_compares_recipes_over_seeds_with_mean_and_spread() {
+    let dir = tempfile::tempdir().unwrap();
+    let runs = dir.path().join("runs");
+    seed_run(&runs.join("a-0"), "multistep-grpo", 0.5, 100.0);
+    seed_run(&runs.join("a-1"), "multistep-grpo", 0.7, 120.0);
+    seed_run(&runs.join("b-0"), "multistep-slca", 0.8, 90.0);
+    let dirs: Vec<String> = ["a-0", "a-1", "b-0"].iter().map(|d| runs.join(d).display().to_string()).collect();
+    let mut args = vec!["report"];
+    args.extend(dirs.iter().map(String::as_str));
+    let o = launcher(&args);
+    assert_eq!(code(&o), 0, "{}", stderr(&o));
+    let table = stdout(&o);
+    let cells = |label: &str| row(&table, label)[label.len()..].split("  ").map(str::trim).filter(|c| !c.is_empty()).map(String::from).collect::<Vec<_>>();
+    assert_eq!(cells("recipe"), ["multistep-grpo", "multistep-slca"], "{table}");
+    assert_eq!(cells("runs (finished)"), ["2 (2)", "1 (1)"], "{table}");
+    // mean 0.6, sample std sqrt((0.01 + 0.01)/1) = 0.1414 → 60.0% ± 14.1; one run: no spread.
+    assert_eq!(cells("held-out trajectory success"), ["60.0% ± 14.1", "80.0%"], "{table}");
+    assert_eq!(cells("held-out per-step call accuracy"), ["30.0% ± 7.1", "40.0%"], "{table}");
+    assert_eq!(cells("after warm-up: trajectory success"), ["40.0% ± 0.0", "40.0%"], "{table}");
+    assert_eq!(cells("wall seconds"), ["110.0 ± 14.1", "90.000"], "{table}");
+    for png in ["compare-success.png", "compare-reward.png"] {
+        assert_png(&runs.join("report").join(png));
+    }
+    // Two seeds of one recipe are a comparison too.
+    let o = launcher(&["report", &dirs[0], &dirs[1], "--out", dir.path().join("out").to_str().unwrap()]);
+    assert_eq!(code(&o), 0, "{}", stderr(&o));
+    assert_eq!(row(&stdout(&o), "recipe").split_whitespace().collect::<Vec<_>>(), ["recipe", "multistep-grpo"]);
+    assert_png(&dir.path().join("out/compare-success.png"));
+}

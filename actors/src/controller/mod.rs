@@ -9,6 +9,7 @@
 //! - [`source`] — TOML loading whose errors name the file, line and field;
 //! - [`status`] — `RUN_DIR/status.json`, written by the job, read by `launcher status`/`down`;
 //! - [`run_dir`] — a run directory's owner: the lock the live job holds.
+pub mod batch;
 pub mod discovery;
 pub mod init;
 pub mod ledger;
@@ -21,3 +22,4 @@ pub mod staleness;
 pub mod status;
 pub mod supervisor;
 pub mod topology;
+pub mod warm_start;

@@ -4,7 +4,7 @@
 //! advantage estimator, the SFT warm-up and the RL loop's hyper-parameters:
 //!
 //! ```toml
-//! reward = "process"            # "process" | "final_only"
+//! reward = "process"            # "process" | "final_only" | "hierr"
 //! tools = ["calculator"]
 //!
 //! [model]
@@ -18,7 +18,7 @@
 //! seed = 0
 //!
 //! [estimator]
-//! name = "grpo"                 # "grpo" | "dr_grpo" | "rloo"
+//! name = "grpo"                 # "grpo" | "dr_grpo" | "rloo" | "slca" | "steptool" | "steptool_critic_free"
 //!
 //! [sft]
 //! steps = 60
@@ -116,6 +116,9 @@ pub enum RewardKind {
     Process,
     /// Only format and final answer: the reward-hacking baseline.
     FinalOnly,
+    /// SLCA-GRPO's HierR total: process reward of the calls plus the judged
+    /// summary, −0.5 for a tool task answered without a call.
+    Hierr,
 }
 
 /// The policy model.
@@ -184,12 +187,16 @@ pub struct TaskMix {
     /// Whether multi-step tasks include inventory tasks (needs the `inventory` tool; default false).
     #[serde(default)]
     pub inventory: bool,
+    /// Share of the multi-step calculator tasks that need three dependent calls
+    /// (`((a + b) * c) - d`) rather than two, in `[0, 1]` (default 0).
+    #[serde(default)]
+    pub three_step_fraction: f64,
     /// Seed of the generator (default 0).
     #[serde(default)]
     pub seed: u64,
 }
 
-/// Advantage estimators the RL loop supports with scalar rewards.
+/// Advantage estimators of the RL loop: scalar (GRPO family), per segment (SLCA), per step (StepTool).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
 pub enum EstimatorKind {
@@ -199,6 +206,26 @@ pub enum EstimatorKind {
     DrGrpo,
     /// REINFORCE leave-one-out.
     Rloo,
+    /// SLCA-GRPO: the process advantage on tool-call turns, the summary advantage on the final reply.
+    Slca,
+    /// StepTool: step rewards on each turn's last token, KL in the reward, GAE over a value head.
+    Steptool,
+    /// StepTool without a critic: step returns normalised within the group.
+    SteptoolCriticFree,
+}
+
+impl EstimatorKind {
+    /// The name a recipe spells.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            EstimatorKind::Grpo => "grpo",
+            EstimatorKind::DrGrpo => "dr_grpo",
+            EstimatorKind::Rloo => "rloo",
+            EstimatorKind::Slca => "slca",
+            EstimatorKind::Steptool => "steptool",
+            EstimatorKind::SteptoolCriticFree => "steptool_critic_free",
+        }
+    }
 }
 
 /// Which σ divides GRPO's centred rewards.
@@ -226,10 +253,47 @@ pub struct Estimator {
     /// PPO clip ε of the importance ratio (default 0.2).
     #[serde(default = "default_clip_eps")]
     pub clip_eps: f64,
-    /// β of the KL penalty to the reference policy (default 0: no reference).
+    /// β of the KL penalty to the reference policy, the policy after the warm-up
+    /// (default 0: no reference). GRPO family and SLCA: `+ β·KL` (k3) in the loss;
+    /// `steptool`: `−β·(logp − ref)` in each token's reward, β the initial value of
+    /// the adaptive controller.
     #[serde(default)]
     pub kl_coef: f64,
+    /// `slca`: weight of the normalised process advantage (default 1).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub w_process: Option<f64>,
+    /// `slca`: weight of the normalised summary advantage (default 1).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub w_summary: Option<f64>,
+    /// `slca`: divide by the standard deviation after centring (default true).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub norm_by_std: Option<bool>,
+    /// `steptool`, `steptool_critic_free`: discount γ (default 0.99).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub gamma: Option<f64>,
+    /// `steptool`: GAE λ (default 0.95).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub lam: Option<f64>,
+    /// `steptool`, `steptool_critic_free`: multiply step i's reward by `K − 1 − i` as
+    /// the upstream code does (zeroes the final IsSolved reward; default false).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub upstream_weighting: Option<bool>,
+    /// `steptool`: the adaptive KL controller's target KL per sequence (default 6).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub kl_target: Option<f64>,
 }
+
+/// The estimators that use each optional `[estimator]` field.
+const ESTIMATOR_FIELDS: &[(&str, &[EstimatorKind])] = &[
+    ("w_process", &[EstimatorKind::Slca]),
+    ("w_summary", &[EstimatorKind::Slca]),
+    ("norm_by_std", &[EstimatorKind::Slca]),
+    ("gamma", &[EstimatorKind::Steptool, EstimatorKind::SteptoolCriticFree]),
+    ("lam", &[EstimatorKind::Steptool]),
+    ("upstream_weighting", &[EstimatorKind::Steptool, EstimatorKind::SteptoolCriticFree]),
+    ("kl_target", &[EstimatorKind::Steptool]),
+    ("scale_rewards", &[EstimatorKind::Grpo, EstimatorKind::DrGrpo]),
+];
 
 /// Supervised warm-up on noisy expert trajectories.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
@@ -261,6 +325,12 @@ pub struct Sft {
     /// Shares of the expert strategies the trajectories are written with.
     #[serde(default)]
     pub mix: SftMix,
+    /// Share the warm-up with other runs next to this one whose model, tools,
+    /// tasks, `[sft]` and seed are the same: the first stores its result in
+    /// `<parent of the run directory>/.warmups/`, the others start from it
+    /// (default false).
+    #[serde(default)]
+    pub share: bool,
 }
 
 /// Shares of SFT trajectories per strategy: all five when given, summing to 1
@@ -411,13 +481,33 @@ impl Default for ModelSpec {
 
 impl Default for Estimator {
     fn default() -> Self {
-        Estimator { name: default_estimator(), scale_rewards: None, clip_eps: default_clip_eps(), kl_coef: 0.0 }
+        Estimator {
+            name: default_estimator(),
+            scale_rewards: None,
+            clip_eps: default_clip_eps(),
+            kl_coef: 0.0,
+            w_process: None,
+            w_summary: None,
+            norm_by_std: None,
+            gamma: None,
+            lam: None,
+            upstream_weighting: None,
+            kl_target: None,
+        }
     }
 }
 
 impl Default for Sft {
     fn default() -> Self {
-        Sft { steps: 0, lr: default_sft_lr(), batch_size: default_sft_batch(), micro_batch_size: default_sft_micro(), tasks: default_sft_tasks(), mix: SftMix::default() }
+        Sft {
+            steps: 0,
+            lr: default_sft_lr(),
+            batch_size: default_sft_batch(),
+            micro_batch_size: default_sft_micro(),
+            tasks: default_sft_tasks(),
+            mix: SftMix::default(),
+            share: false,
+        }
     }
 }
 
@@ -482,12 +572,12 @@ impl Recipe {
         }
     }
 
-    /// GRPO's σ choice for this estimator (`None` for RLOO, which does not scale).
+    /// GRPO's σ choice for this estimator (`None` for those that do not scale a scalar reward).
     pub fn scale_rewards(&self) -> Option<ScaleRewards> {
         let name = match self.estimator.name {
             EstimatorKind::Grpo => self.estimator.scale_rewards.unwrap_or(ScaleRewardsName::Group),
             EstimatorKind::DrGrpo => ScaleRewardsName::None,
-            EstimatorKind::Rloo => return None,
+            _ => return None,
         };
         Some(match name {
             ScaleRewardsName::Group => ScaleRewards::Group,
@@ -504,6 +594,7 @@ impl Recipe {
             tool_fraction: t.tool_fraction,
             multi_step_fraction: t.multi_step_fraction,
             inventory: t.inventory,
+            three_step_fraction: t.three_step_fraction,
             seed: t.seed,
         };
         let mut train = dataset::generate(&cfg)?;
@@ -520,6 +611,7 @@ impl Recipe {
             tool_fraction: t.tool_fraction,
             multi_step_fraction: t.multi_step_fraction,
             inventory: t.inventory,
+            three_step_fraction: t.three_step_fraction,
             seed: t.seed ^ 0x5f7_5eed,
         };
         let held: std::collections::HashSet<String> = held_out.iter().map(dataset::task_key).collect();
@@ -572,6 +664,7 @@ impl Recipe {
         at_most("tasks.held_out", t.held_out as f64, bounds::TASKS as f64, held)?;
         unit("tasks.tool_fraction", t.tool_fraction)?;
         unit("tasks.multi_step_fraction", t.multi_step_fraction)?;
+        unit("tasks.three_step_fraction", t.three_step_fraction)?;
         self.validate_estimator()?;
         let s = &self.sft;
         positive("sft.lr", s.lr)?;
@@ -646,12 +739,45 @@ impl Recipe {
 
     fn validate_estimator(&self) -> Result<(), Invalid> {
         let e = &self.estimator;
-        match (e.name, e.scale_rewards) {
-            (EstimatorKind::DrGrpo, Some(s)) if s != ScaleRewardsName::None => {
+        let given = [
+            ("w_process", e.w_process.is_some()),
+            ("w_summary", e.w_summary.is_some()),
+            ("norm_by_std", e.norm_by_std.is_some()),
+            ("gamma", e.gamma.is_some()),
+            ("lam", e.lam.is_some()),
+            ("upstream_weighting", e.upstream_weighting.is_some()),
+            ("kl_target", e.kl_target.is_some()),
+            ("scale_rewards", e.scale_rewards.is_some()),
+        ];
+        for (field, set) in given {
+            let users = ESTIMATOR_FIELDS.iter().find(|(f, _)| *f == field).map_or(&[][..], |(_, u)| *u);
+            if set && !users.contains(&e.name) {
+                let names: Vec<&str> = users.iter().map(|k| k.as_str()).collect();
+                return Err(Invalid::new(
+                    format!("estimator.{field}"),
+                    format!("only {} {} it, and this recipe's estimator is {}; remove it", names.join(" and "), if names.len() == 1 { "uses" } else { "use" }, e.name.as_str()),
+                ));
+            }
+        }
+        if let (EstimatorKind::DrGrpo, Some(s)) = (e.name, e.scale_rewards) {
+            if s != ScaleRewardsName::None {
                 return Err(Invalid::new("estimator.scale_rewards", "dr_grpo does not scale rewards: only \"none\""));
             }
-            (EstimatorKind::Rloo, Some(_)) => return Err(Invalid::new("estimator.scale_rewards", "rloo does not scale rewards; remove it")),
-            _ => {}
+        }
+        for (field, v) in [("w_process", e.w_process), ("w_summary", e.w_summary)] {
+            if let Some(v) = v {
+                if !(v >= 0.0 && v.is_finite()) {
+                    return Err(Invalid::new(format!("estimator.{field}"), format!("must be ≥ 0, got {v}")));
+                }
+            }
+        }
+        for (field, v) in [("gamma", e.gamma), ("lam", e.lam)] {
+            if let Some(v) = v {
+                unit(&format!("estimator.{field}"), v)?;
+            }
+        }
+        if let Some(t) = e.kl_target {
+            positive("estimator.kl_target", t)?;
         }
         if !(e.clip_eps > 0.0 && e.clip_eps < 1.0) {
             return Err(Invalid::new("estimator.clip_eps", format!("must be in (0, 1), got {}", e.clip_eps)));

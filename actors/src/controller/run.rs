@@ -16,7 +16,12 @@ use super::staleness::{Admission, Gate, Mode};
 use super::status::RunStatus;
 use super::supervisor::{RolloutSlots, RolloutSupervisor, SupervisorArgs};
 use crate::learner::actor::{LearnerActor, LearnerArgs, LearnerMsg};
-use crate::learner::{AdamWConfig, CheckpointMeta, ClipParams, LearnerConfig, LrSchedule, SftBatch, SftSequence, StepStats, TrainBatch, TrainSequence};
+use super::batch::{train_batch, Advantages};
+use super::warm_start;
+use super::recipe::EstimatorKind;
+use crate::learner::{
+    AdamWConfig, CheckpointMeta, ClipParams, GaeConfig, KlCoef, KlConfig, KlEstimator, KlPlacement, LearnerConfig, LrSchedule, SftBatch, SftSequence, StepStats, TrainBatch, ValueConfig,
+};
 use crate::metrics::{serve, Metrics};
 use crate::node::fleet::{Fleet, FleetSpec, Publisher, RoleSetup};
 use crate::node::wire::RolloutSetup;
@@ -26,7 +31,6 @@ use crate::rollout::RolloutConfig;
 use crate::warmup::{expert_example, pick_strategy};
 use crate::weight_sync::{WeightSync, WeightSyncMsg, WeightUpdate};
 use ractor::{Actor, ActorRef};
-use rlmesh_core::advantage::grpo::{grpo_advantages, ScaleRewards};
 use rlmesh_core::tools::{ExecLimits, ToolRegistry};
 use rlmesh_core::Task;
 use rlmesh_model::{SamplingParams, Tokenizer};
@@ -68,6 +72,8 @@ pub struct RunOptions {
     pub resume: bool,
     /// The processes other than this one (`None`: every actor runs in this process).
     pub fleet: Option<FleetSpec>,
+    /// Write each RL step's per-token advantages to `RUN_DIR/batches.jsonl` (large: for inspection and tests).
+    pub record_batches: bool,
 }
 
 /// Write `status.json` (read by `launcher status` / `launcher down`) at `phase`, `step`, `version`.
@@ -114,6 +120,12 @@ pub struct Summary {
     pub repeated_call_rate: f64,
     /// Share of tool tasks where a tool was called.
     pub tool_call_rate: f64,
+    /// On tool tasks: the share of gold steps made right, in place.
+    #[serde(default)]
+    pub step_call_accuracy: f64,
+    /// On tool tasks: the judged summary score `q` (0..=1).
+    #[serde(default)]
+    pub summary_score: f64,
     /// The same figures before RL (after the SFT warm-up).
     pub after_warmup: Option<Value>,
     /// The figures above come from greedy decoding; these from one rollout per
@@ -270,40 +282,62 @@ fn figures(groups: &[ScoredGroup]) -> Value {
         }
     }
     let r = |a: f64, b: f64| if b > 0.0 { a / b } else { 0.0 };
+    // On tool tasks: the gold steps made right in place, and the judged summary (SLCA's q).
+    let (mut step_acc, mut summary) = (0.0, 0.0);
+    for g in groups.iter().filter(|g| g.group.task.requires_tool) {
+        for (t, s) in g.group.trajectories.iter().zip(&g.scores) {
+            step_acc += rlmesh_core::analysis::step_call_accuracy(&g.group.task, t).unwrap_or(0.0);
+            summary += s.segments.summary;
+        }
+    }
     json!({
         "rollouts": n, "trajectory_success": r(ok, n), "final_answer_accuracy": r(fin, n), "repeated_call_rate": r(rep, n),
         "tool_call_rate": r(tool_called, tool_tasks), "unnecessary_tool_rate": r(unnec, plain),
+        "step_call_accuracy": r(step_acc, tool_tasks), "summary_score": r(summary, tool_tasks),
     })
 }
 
 fn rl_learner_config(recipe: &Recipe) -> LearnerConfig {
+    let e = &recipe.estimator;
+    let steptool = e.name == EstimatorKind::Steptool;
+    let kl = (e.kl_coef > 0.0).then(|| match steptool {
+        // StepTool (TRL's PPO): k1 in each token's reward, β adapted toward a target KL.
+        true => KlConfig {
+            estimator: KlEstimator::K1,
+            coef: KlCoef::Adaptive { init: e.kl_coef, target: e.kl_target.unwrap_or(6.0), horizon: 10_000.0 },
+            placement: KlPlacement::Reward,
+        },
+        false => KlConfig { estimator: KlEstimator::K3, coef: KlCoef::Fixed { beta: e.kl_coef }, placement: KlPlacement::Loss },
+    });
     LearnerConfig {
         optim: AdamWConfig { lr: recipe.rl.lr, ..Default::default() },
-        clip: ClipParams { eps_low: recipe.estimator.clip_eps, eps_high: recipe.estimator.clip_eps, ..Default::default() },
+        clip: ClipParams { eps_low: e.clip_eps, eps_high: e.clip_eps, ..Default::default() },
         micro_batch_size: 16,
         max_grad_norm: Some(1.0),
         seed: recipe.seed,
+        kl,
+        value: value_head(recipe),
+        gae: steptool.then(|| GaeConfig { gamma: e.gamma.unwrap_or(0.99), lam: e.lam.unwrap_or(0.95) }),
         ..Default::default()
     }
 }
 
-/// Turn scored groups into a GRPO batch (scalar advantage on every policy token).
-pub fn train_batch(groups: &[ScoredGroup], scale: ScaleRewards) -> TrainBatch {
-    let totals: Vec<Vec<f64>> = groups.iter().map(|g| g.scores.iter().map(|s| s.total).collect()).collect();
-    let adv = grpo_advantages(&totals, scale);
-    let mut sequences = vec![];
-    for (g, a) in groups.iter().zip(adv) {
-        for (t, a) in g.group.trajectories.iter().zip(a) {
-            sequences.push(TrainSequence {
-                token_ids: t.token_ids.clone(),
-                loss_mask: t.loss_mask.clone(),
-                advantages: t.loss_mask.iter().map(|&m| if m != 0 { a as f32 } else { 0.0 }).collect(),
-                behaviour_logprobs: t.logprobs.clone(),
-                ..Default::default()
-            });
-        }
-    }
-    TrainBatch { sequences }
+/// The value head StepTool trains (clip 0.2, coefficient 0.1); present from the
+/// learner's start, since a learner cannot grow one later.
+fn value_head(recipe: &Recipe) -> Option<ValueConfig> {
+    (recipe.estimator.name == EstimatorKind::Steptool).then(ValueConfig::default)
+}
+
+/// `RUN_DIR/batches.jsonl` (with `--record-batches`): per RL step, each
+/// sequence's loss mask and the per-token advantages (or, for `steptool`, the
+/// per-token rewards) the learner was sent.
+fn batch_record(step: u64, groups: &[ScoredGroup], batch: &TrainBatch) -> Value {
+    let ids = groups.iter().flat_map(|g| g.group.trajectories.iter().map(move |t| (g.group.group_id, t.sample_index)));
+    let sequences: Vec<Value> = ids
+        .zip(&batch.sequences)
+        .map(|((group, sample), s)| json!({"group": group, "sample": sample, "loss_mask": s.loss_mask, "advantages": s.advantages, "rewards": s.rewards}))
+        .collect();
+    json!({"step": step, "sequences": sequences})
 }
 
 /// Progress of the job: lines on stderr and in `RUN_DIR/progress.log` (logs and
@@ -634,6 +668,19 @@ fn step_record(metrics: &Metrics, recipe: &Recipe, s: &StepFacts<'_>) -> Value {
     for (k, v) in f.as_object().expect("object") {
         row[k] = v.clone();
     }
+    if let Some(v) = stats.value_loss {
+        row["value_loss"] = json!(v);
+    }
+    if let Some(b) = stats.kl_coef {
+        row["kl_coef"] = json!(b);
+    }
+    // The segment and step rewards, whatever the estimator trains on.
+    let segs: Vec<&rlmesh_core::reward::segments::SegmentScores> = admitted.iter().flat_map(|g| g.scores.iter().map(|s| &s.segments)).collect();
+    let n = segs.len().max(1) as f64;
+    row["segment/process"] = json!(segs.iter().map(|s| s.process).sum::<f64>() / n);
+    row["segment/summary"] = json!(segs.iter().map(|s| s.summary).sum::<f64>() / n);
+    let steps: Vec<f64> = segs.iter().flat_map(|s| s.step_rewards.iter().copied()).collect();
+    row["step_reward_mean"] = json!(steps.iter().sum::<f64>() / steps.len().max(1) as f64);
     let mut comp: HashMap<String, (f64, f64)> = HashMap::new();
     for t in admitted.iter().flat_map(|g| &g.scores) {
         for (name, v) in &t.components {
@@ -797,21 +844,30 @@ pub async fn run(opts: RunOptions) -> Result<Summary, RunError> {
     let (train, mut held_out) = recipe.tasks().map_err(|e| RunError::Setup(e.to_string()))?;
     let sft_tasks = if recipe.sft.steps > 0 { recipe.sft_tasks(&held_out).map_err(|e| RunError::Setup(e.to_string()))? } else { vec![] };
     let model_dir = policy_dir(&recipe, &dir, opts.resume, &opts.tokenizer_dir, &train, &sft_tasks, &registry)?;
+    let cores = std::thread::available_parallelism().map(|n| n.get()).unwrap_or(2) as i32;
+    // A warm-up shared with the runs next to this one: restored when stored, else stored after it.
+    let shared = (recipe.sft.share && !opts.resume && opts.sft_steps.is_none() && recipe.tiny_model() && recipe.sft.steps > 0)
+        .then(|| warm_start::shared_dir(&recipe, &dir, cores));
+    let reused = shared.as_ref().is_some_and(|s| warm_start::is_stored(s));
+    if let (Some(s), true) = (&shared, reused) {
+        warm_start::restore(s, &model_dir).map_err(|e| RunError::Setup(format!("restoring the shared warm-up {}: {e}", s.display())))?;
+        progress.line(format!("warm-up: starting from the shared warm-up in {}", s.display()));
+    }
     let tokenizer = Tokenizer::load(&model_dir).map_err(|e| RunError::Setup(e.to_string()))?;
     if let Some(n) = opts.eval_limit {
         held_out.truncate(n);
     }
     write_status(&mut status, &dir, "warmup", 0, 0, fleet.as_ref());
-    let cores = std::thread::available_parallelism().map(|n| n.get()).unwrap_or(2) as i32;
 
     // The learner, warmed up with SFT.
-    let sft_steps = if opts.resume { 0 } else { opts.sft_steps.unwrap_or(recipe.sft.steps) };
+    let sft_steps = if opts.resume || reused { 0 } else { opts.sft_steps.unwrap_or(recipe.sft.steps) };
     let sft_cfg = LearnerConfig {
         optim: AdamWConfig { lr: recipe.sft.lr, ..Default::default() },
         warmup_steps: 10,
         schedule: LrSchedule::Cosine { total_steps: sft_steps.max(1) },
         micro_batch_size: recipe.sft.micro_batch_size.min(recipe.sft.batch_size),
         seed: recipe.seed,
+        value: value_head(&recipe),
         ..Default::default()
     };
     let rollout_cfg = RolloutConfig {
@@ -947,13 +1003,23 @@ pub async fn run(opts: RunOptions) -> Result<Summary, RunError> {
         progress.line(format!("ledger: {} groups to send out again", retry.len()));
     } else {
         let c = Cursor { after_warmup: after_warmup.clone(), after_warmup_sampled: after_warmup_sampled.clone(), groups_trained: Some(0), wall_seconds: t0.elapsed().as_secs_f64(), ..Default::default() };
-        checkpoint(&driver.learner, &dir, version, &c).await?;
+        let after = checkpoint(&driver.learner, &dir, version, &c).await?;
+        if let (Some(s), false) = (&shared, reused) {
+            match warm_start::store(s, &model_dir, &after) {
+                Ok(()) => progress.line(format!("warm-up: stored for the runs next to this one in {}", s.display())),
+                Err(e) => progress.line(format!("warm-up: could not store it in {} ({e}); later runs warm up again", s.display())),
+            }
+        }
     }
     let mode = recipe.mode();
     let mut gate = Gate::new(mode);
     let ahead = mode.max_staleness() as usize;
     let gps = recipe.rl.groups_per_step;
-    let scale = recipe.scale_rewards().unwrap_or(ScaleRewards::Group);
+    let estimator = Advantages::of(&recipe);
+    let mut batches_log = match opts.record_batches {
+        true => Some(Jsonl::resume(dir.join("batches.jsonl"), usize::MAX)?),
+        false => None,
+    };
     let mut metrics_log = Jsonl::resume(dir.join("metrics.jsonl"), start.metrics_rows)?;
     let mut rollouts_log = Jsonl::resume(dir.join("rollouts.jsonl"), start.rollouts_rows)?;
     let mut inflight: JoinSet<(Vec<(u64, Task)>, Result<RolloutResult, String>)> = JoinSet::new();
@@ -1015,7 +1081,10 @@ pub async fn run(opts: RunOptions) -> Result<Summary, RunError> {
             if admitted.is_empty() {
                 continue;
             }
-            let tb = train_batch(&admitted, scale);
+            let tb = train_batch(&admitted, &estimator).map_err(|e| RunError::Actor { actor: "controller", message: format!("advantages: {e}") })?;
+            if let Some(log) = batches_log.as_mut() {
+                log.write(&batch_record(step + 1, &admitted, &tb))?;
+            }
             let stats: StepStats = ractor::call!(driver.learner, LearnerMsg::Train, tb)
                 .map_err(|e| RunError::Actor { actor: "learner", message: e.to_string() })?
                 .map_err(actor_err("learner"))?;
@@ -1138,6 +1207,8 @@ pub async fn run(opts: RunOptions) -> Result<Summary, RunError> {
         final_answer_accuracy: f["final_answer_accuracy"].as_f64().unwrap_or(0.0),
         unnecessary_tool_rate: f["unnecessary_tool_rate"].as_f64().unwrap_or(0.0),
         repeated_call_rate: f["repeated_call_rate"].as_f64().unwrap_or(0.0),
+        step_call_accuracy: f["step_call_accuracy"].as_f64().unwrap_or(0.0),
+        summary_score: f["summary_score"].as_f64().unwrap_or(0.0),
         tool_call_rate: f["tool_call_rate"].as_f64().unwrap_or(0.0),
         after_warmup: Some(after_warmup),
         sampled: json!({"temperature": recipe.rl.temperature, "final": f_sampled, "after_warmup": after_warmup_sampled}),

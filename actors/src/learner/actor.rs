@@ -79,10 +79,12 @@ impl Actor for LearnerActor {
                     .await?;
                 let _ = reply.send(out);
             }
-            LearnerMsg::Train(batch, reply) => {
+            LearnerMsg::Train(mut batch, reply) => {
                 let out = device
                     .run(move |l| {
                         let (rank, world) = l.rank();
+                        // GAE advantages are whitened over the whole batch: every rank computes them, then takes its shard.
+                        l.prepare(&mut batch).map_err(|e| e.to_string())?;
                         l.train_step(&if world > 1 { batch.shard(rank, world) } else { batch }).map_err(|e| e.to_string())
                     })
                     .await?;

@@ -28,6 +28,10 @@ pub struct TrainSequence {
     /// Value targets (GAE returns).
     #[serde(default)]
     pub returns: Option<Vec<f32>>,
+    /// Per-token rewards (StepTool: each step's reward on the last token of its
+    /// action): a learner with `gae` turns them into advantages, values and returns.
+    #[serde(default)]
+    pub rewards: Option<Vec<f32>>,
 }
 
 /// A batch for [`super::Learner::train_step`].
@@ -71,7 +75,7 @@ impl TrainBatch {
             let n = s.token_ids.len();
             check_len(i, "advantages", n, s.advantages.len())?;
             check_len(i, "behaviour_logprobs", n, s.behaviour_logprobs.len())?;
-            for (field, v) in [("ref_logprobs", &s.ref_logprobs), ("values", &s.values), ("returns", &s.returns)] {
+            for (field, v) in [("ref_logprobs", &s.ref_logprobs), ("values", &s.values), ("returns", &s.returns), ("rewards", &s.rewards)] {
                 if let Some(v) = v {
                     check_len(i, field, n, v.len())?;
                 }

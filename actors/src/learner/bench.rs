@@ -93,6 +93,7 @@ pub fn synthetic_batch(vocab: i64, batch: usize, seq_len: usize, prompt_len: usi
                 loss_mask,
                 values: None,
                 returns: None,
+                rewards: None,
             }
         })
         .collect();

@@ -49,6 +49,8 @@ const FORMAT: u32 = 1;
 const STATE: &str = "state.json";
 const OPTIMIZER: &str = "optimizer.safetensors";
 const VALUE_HEAD: &str = "value_head.safetensors";
+/// The frozen reference policy's weights (only with a KL term).
+const REFERENCE: &str = "reference.safetensors";
 
 /// A learner restored from a checkpoint.
 pub struct Resumed {
@@ -100,6 +102,11 @@ impl Learner {
         if let Some(v) = &self.value_head {
             write_safetensors(&tmp.join(VALUE_HEAD), &v.named())?;
         }
+        if let Some(r) = self.reference() {
+            let mut named: Vec<(String, Tensor)> = r.vs.variables().into_iter().collect();
+            named.sort_by(|a, b| a.0.cmp(&b.0));
+            write_safetensors(&tmp.join(REFERENCE), &named)?;
+        }
         write_safetensors(&tmp.join(OPTIMIZER), &self.optim.state())?;
         let mut files = BTreeMap::new();
         for entry in std::fs::read_dir(&tmp).map_err(io_err(&tmp))? {
@@ -143,7 +150,7 @@ impl Learner {
         let mut warnings = Vec::new();
         let mut tried = Vec::new();
         for (_, path) in list_checkpoints(root) {
-            match Loaded::read(&path, device, kind, config.value.is_some()) {
+            match Loaded::read(&path, device, kind, config.value.is_some(), config.kl.is_some()) {
                 Ok(loaded) => {
                     let (learner, meta) = loaded.into_learner(&path, config, comm)?;
                     return Ok(Resumed { learner, meta, path, warnings });
@@ -168,11 +175,12 @@ struct Loaded {
     state: State,
     model: Transformer,
     value_head: Option<Vec<(String, Tensor)>>,
+    reference: Option<Vec<(String, Tensor)>>,
     optimizer: Vec<(String, Tensor)>,
 }
 
 impl Loaded {
-    fn read(path: &Path, device: Device, kind: Option<Kind>, value_head: bool) -> Result<Loaded> {
+    fn read(path: &Path, device: Device, kind: Option<Kind>, value_head: bool, reference: bool) -> Result<Loaded> {
         let bad = |message: String| LearnerError::Checkpoint { path: path.to_path_buf(), message };
         let state_path = path.join(STATE);
         let text = std::fs::read(&state_path).map_err(io_err(&state_path))?;
@@ -188,7 +196,9 @@ impl Loaded {
         }
         let read = |file: &str| Tensor::read_safetensors(path.join(file)).map_err(|e| bad(format!("{file}: {e}")));
         let value = if value_head { Some(read(VALUE_HEAD)?) } else { None };
-        Ok(Loaded { model: Transformer::load(path, device, kind)?, value_head: value, optimizer: read(OPTIMIZER)?, state })
+        // A learner with KL had a reference model, or took reference log-probs with each batch.
+        let reference = if reference && path.join(REFERENCE).exists() { Some(read(REFERENCE)?) } else { None };
+        Ok(Loaded { model: Transformer::load(path, device, kind)?, value_head: value, reference, optimizer: read(OPTIMIZER)?, state })
     }
 
     fn into_learner(self, path: &Path, config: LearnerConfig, comm: Option<Box<dyn Collective>>) -> Result<(Learner, CheckpointMeta)> {
@@ -207,6 +217,17 @@ impl Loaded {
                 })?;
                 tch::no_grad(|| var.shallow_clone().copy_(src));
             }
+        }
+        if let Some(saved) = &self.reference {
+            let r = Transformer::new(learner.model.config.clone(), learner.model.device(), learner.model.kind());
+            for (name, var) in r.vs.variables() {
+                let src = saved.iter().find(|(n, _)| *n == name).map(|(_, t)| t).ok_or_else(|| LearnerError::Checkpoint {
+                    path: path.join(REFERENCE),
+                    message: format!("tensor {name} missing"),
+                })?;
+                tch::no_grad(|| var.shallow_clone().copy_(src));
+            }
+            learner.set_reference(r);
         }
         learner.optim.load_state(&self.optimizer, self.state.optimizer_steps, &path.join(OPTIMIZER))?;
         learner.rng = self.state.rng;

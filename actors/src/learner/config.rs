@@ -72,6 +72,16 @@ impl Default for ValueConfig {
     }
 }
 
+/// Advantages computed by the learner: GAE over the value head from per-token
+/// rewards (StepTool). The batch then carries `rewards` instead of advantages.
+#[derive(Clone, Copy, Debug, PartialEq, Serialize, Deserialize)]
+pub struct GaeConfig {
+    /// Discount γ.
+    pub gamma: f64,
+    /// GAE λ.
+    pub lam: f64,
+}
+
 /// AdamW hyper-parameters (torch.optim.AdamW semantics; no decay on biases and norms).
 #[derive(Clone, Copy, Debug, PartialEq, Serialize, Deserialize)]
 pub struct AdamWConfig {
@@ -128,6 +138,8 @@ pub struct LearnerConfig {
     pub kl: Option<KlConfig>,
     /// Value head and clipped value loss (None: critic-free).
     pub value: Option<ValueConfig>,
+    /// GAE advantages from per-token rewards, computed by the learner before each step (needs `value`).
+    pub gae: Option<GaeConfig>,
     /// Seed of the learner's generator (mini-batch shuffling; the value head's initialisation).
     pub seed: u64,
     /// Gradient all-reduce bucket size in bytes.
@@ -153,6 +165,7 @@ impl Default for LearnerConfig {
             entropy_coef: 0.0,
             kl: None,
             value: None,
+            gae: None,
             seed: 0,
             bucket_bytes: rlmesh_comm::DEFAULT_BUCKET_BYTES,
             keep_checkpoints: 3,
@@ -184,6 +197,14 @@ impl LearnerConfig {
         }
         if self.bucket_bytes < 4 {
             return bad("bucket_bytes", "must hold at least one float");
+        }
+        if let Some(g) = self.gae {
+            if self.value.is_none() {
+                return bad("gae", "GAE needs a value head (value)");
+            }
+            if !((0.0..=1.0).contains(&g.gamma) && (0.0..=1.0).contains(&g.lam)) {
+                return bad("gae", "gamma and lam must be in [0, 1]");
+            }
         }
         if let Some(KlConfig { coef: KlCoef::Adaptive { target, horizon, .. }, .. }) = self.kl {
             if target <= 0.0 || horizon <= 0.0 {

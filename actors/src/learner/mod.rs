@@ -53,7 +53,7 @@ pub mod value;
 
 pub use batch::{SftBatch, SftSequence, TrainBatch, TrainSequence};
 pub use checkpoint::{list_checkpoints, CheckpointMeta, Resumed};
-pub use config::{AdamWConfig, KlCoef, KlConfig, KlPlacement, LearnerConfig, LrSchedule, ValueConfig};
+pub use config::{AdamWConfig, GaeConfig, KlCoef, KlConfig, KlPlacement, LearnerConfig, LrSchedule, ValueConfig};
 pub use error::{LearnerError, Result};
 pub use loss::{Aggregation, ClipParams, KlEstimator};
 pub use trainer::{Learner, RatioStats, StepStats};

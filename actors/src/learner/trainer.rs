@@ -9,6 +9,7 @@ use super::value::ValueHead;
 use rlmesh_comm::Collective;
 use rlmesh_model::transformer::Batch;
 use rlmesh_model::Transformer;
+use rlmesh_core::advantage::steptool::{steptool_advantages, StepToolParams, StepToolRollout};
 use serde::{Deserialize, Serialize};
 use std::time::Instant;
 use tch::{Kind, Tensor};
@@ -256,7 +257,72 @@ impl Learner {
             return Err(LearnerError::Config { field: "value", message: "a value head cannot be added or removed by reconfigure".into() });
         }
         self.optim = AdamW::new(&self.params, config.optim);
+        if let Some(k) = config.kl {
+            self.kl_coef = match k.coef {
+                KlCoef::Fixed { beta } => beta,
+                KlCoef::Adaptive { init, .. } => init,
+            };
+            // The reference is the policy as it is now (after the warm-up): frozen, checkpointed with the learner.
+            if self.reference.is_none() {
+                self.set_reference(self.frozen_copy()?);
+            }
+        }
         self.config = config;
+        Ok(())
+    }
+
+    /// A frozen copy of the policy's current weights.
+    fn frozen_copy(&self) -> Result<Transformer> {
+        let mut copy = Transformer::new(self.model.config.clone(), self.model.device(), self.model.kind());
+        tch::no_grad(|| copy.vs.copy(&self.model.vs))?;
+        copy.vs.freeze();
+        Ok(copy)
+    }
+
+    /// The frozen reference policy, when there is one.
+    pub fn reference(&self) -> Option<&Transformer> {
+        self.reference.as_ref()
+    }
+
+    /// Turns per-token `rewards` into advantages, values and returns when the
+    /// learner computes GAE (`gae`), on the whole batch before it is sharded:
+    /// the value head's outputs now (the rollout-time values of the value
+    /// clip), the KL to the reference in the reward when `kl` is placed there
+    /// (`logp` the behaviour log-probs, as TRL's PPO takes them), GAE, and
+    /// advantages whitened over every masked token of the batch.
+    pub fn prepare(&self, batch: &mut TrainBatch) -> Result<()> {
+        let Some(g) = self.config.gae else { return Ok(()) };
+        if let Some(i) = batch.sequences.iter().position(|s| s.rewards.is_none()) {
+            return Err(LearnerError::Batch { index: i, field: "rewards", message: "required by GAE (gae), missing".into() });
+        }
+        let ids: Vec<Vec<u32>> = batch.sequences.iter().map(|s| s.token_ids.clone()).collect();
+        let values = self.values(&ids)?;
+        let in_reward = self.config.kl.is_some_and(|k| k.placement == KlPlacement::Reward);
+        let refs: Option<Vec<Vec<f32>>> = match (in_reward, batch.sequences.iter().all(|s| s.ref_logprobs.is_some())) {
+            (false, _) => None,
+            (true, true) => Some(batch.sequences.iter().map(|s| s.ref_logprobs.clone().expect("checked")).collect()),
+            (true, false) => Some(self.reference_logprobs(&ids)?),
+        };
+        let rewards: Vec<Vec<f64>> = batch.sequences.iter().map(|s| s.rewards.as_deref().expect("checked").iter().map(|&r| f64::from(r)).collect()).collect();
+        let rollouts: Vec<StepToolRollout<'_>> = batch
+            .sequences
+            .iter()
+            .enumerate()
+            .map(|(i, s)| StepToolRollout {
+                loss_mask: &s.loss_mask,
+                token_rewards: &rewards[i],
+                values: &values[i],
+                logprobs: refs.as_ref().map(|r| (s.behaviour_logprobs.as_slice(), r[i].as_slice())),
+            })
+            .collect();
+        let params = StepToolParams { gamma: g.gamma, lam: g.lam, kl_coef: if in_reward { self.kl_coef } else { 0.0 }, upstream_weighting: false };
+        let out = steptool_advantages(&rollouts, &params).map_err(|e| LearnerError::Batch { index: 0, field: "rewards", message: e.to_string() })?;
+        drop(rollouts);
+        for (((s, a), r), v) in batch.sequences.iter_mut().zip(out.advantages).zip(out.returns).zip(values) {
+            s.advantages = a;
+            s.returns = Some(r);
+            s.values = Some(v);
+        }
         Ok(())
     }
 

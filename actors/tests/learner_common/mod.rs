@@ -79,6 +79,7 @@ pub fn policy_batch(n: usize, seed: u64) -> TrainBatch {
                 ref_logprobs: Some(f(-5.5, -3.5)),
                 values: Some(f(-0.3, 0.3)),
                 returns: Some(f(-1.0, 1.0)),
+                rewards: None,
                 token_ids,
                 loss_mask,
             }

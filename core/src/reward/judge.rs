@@ -89,6 +89,52 @@ impl Judge for RuleJudge {
     }
 }
 
+/// Words a summary may use before it stops being concise.
+pub const CONCISE_WORDS: usize = 20;
+
+/// The rule judge of a summary on its own, apart from tool correctness.
+///
+/// Three things make a good summary: it *states the result* in the form the
+/// task asks for ([`answers_match`] with the expected answer; without one, an
+/// overlap of at least ½ with the tool results), it is *concise* (at most
+/// [`CONCISE_WORDS`] words) and it is *grounded* (every number in it appears in
+/// a tool result or in the prompt: it claims nothing the tools did not
+/// return). Score: stated → 3 + concise + grounded (3..=5); not stated → 1 +
+/// grounded (1..=2). So a rollout with the right calls can still earn a poor
+/// summary, and a lucky guess without grounding scores below a grounded one.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct SummaryRubric;
+
+impl SummaryRubric {
+    /// `(stated, concise, grounded)` of a request's final reply.
+    pub fn criteria(request: &JudgeRequest<'_>) -> (bool, bool, bool) {
+        let reply = &request.transcript.final_answer;
+        let results: Vec<&str> =
+            request.transcript.calls().filter_map(|c| c.outcome.as_ref()).filter(|o| o.success).map(|o| o.result.as_str()).collect();
+        let results = results.join(" ");
+        let stated = match &request.task.expected_answer {
+            Some(e) => answers_match(reply, e),
+            None => overlap(&results, reply) >= 0.5,
+        };
+        let concise = reply.split_whitespace().count() <= CONCISE_WORDS;
+        let known: HashSet<String> = numbers(&results).chain(numbers(&request.task.prompt)).collect();
+        let grounded = numbers(reply).all(|n| known.contains(&n));
+        (stated, concise, grounded)
+    }
+}
+
+impl Judge for SummaryRubric {
+    fn score(&self, request: &JudgeRequest<'_>) -> Result<u8, JudgeError> {
+        let (stated, concise, grounded) = SummaryRubric::criteria(request);
+        Ok(if stated { 3 + u8::from(concise) + u8::from(grounded) } else { 1 + u8::from(grounded) })
+    }
+}
+
+/// The numbers of a text, each as its value prints (`408.0` → `408`).
+fn numbers(text: &str) -> impl Iterator<Item = String> + '_ {
+    text.split(|c: char| !(c.is_ascii_digit() || c == '.' || c == '-')).filter_map(|w| parse_number(w.trim_matches(['.', '-'])).map(|n| format!("{n}")))
+}
+
 /// A judge that always gives the same score (a score supplied with the input, as in `launcher reward`).
 #[derive(Clone, Copy, Debug)]
 pub struct FixedJudge(pub u8);
@@ -155,6 +201,25 @@ mod tests {
         let wrong = Transcript::from_completion("<tool_call>{\"name\":\"c\",\"arguments\":{}}</tool_call><tool_response>408</tool_response>Not 408, it is 7");
         // overlap({408}, {not,408,it,is,7}) = 1/1 → 1 + round(1) = 2
         assert_eq!(RuleJudge.score(&JudgeRequest { task: &task, transcript: &wrong }), Ok(2));
+    }
+
+    #[test]
+    fn summary_rubric_by_hand() {
+        let task: Task = serde_json::from_value(serde_json::json!({"requires_tool": true, "prompt": "Compute (12 + 3) * 4, then subtract 7.", "expected_answer": "53"})).unwrap();
+        let t = |reply: &str| {
+            Transcript::from_completion(&format!("<tool_call>{{\"name\":\"c\",\"arguments\":{{}}}}</tool_call><tool_response>60</tool_response><tool_call>{{\"name\":\"c\",\"arguments\":{{}}}}</tool_call><tool_response>53</tool_response>{reply}"))
+        };
+        let score = |reply: &str| SummaryRubric.score(&JudgeRequest { task: &task, transcript: &t(reply) }).unwrap();
+        // stated, concise, grounded: 3 + 1 + 1
+        assert_eq!(score("The result is 53."), 5);
+        // stated and grounded but 21 words: 3 + 0 + 1
+        assert_eq!(score("Well, after adding and multiplying and then subtracting as the task asked, I am quite sure the final number is 53"), 4);
+        // stated, concise, but 99 came from nowhere: 3 + 1 + 0
+        assert_eq!(score("Not 99: it is 53"), 4);
+        // not stated, grounded (60 is a tool result): 1 + 1
+        assert_eq!(score("The result is 60."), 2);
+        // not stated, ungrounded: 1
+        assert_eq!(score("The result is 61."), 1);
     }
 
     #[test]

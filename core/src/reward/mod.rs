@@ -13,7 +13,10 @@
 //! - [`hierr`] — SLCA-GRPO's hierarchical process reward (fmt, name, key,
 //!   value, parallel) and the judge-scored summary reward.
 //! - [`steptool`] — StepTool's per-action rewards from rule-based annotators.
-//! - [`judge`] — the [`judge::Judge`] interface and the default rule-based judge.
+//! - [`segments`] — a trajectory's segment rewards (process, summary) and its
+//!   per-turn step rewards, aligned with the loss mask's runs.
+//! - [`judge`] — the [`judge::Judge`] interface, the rule-based judge and the
+//!   summary rubric (states the result, concise, grounded).
 //! - [`combine`] — TRL's multi-reward combination (NaN-aware weighted sum,
 //!   per-function statistics).
 //! - [`answer`] — loose comparison of answers and argument values.
@@ -26,6 +29,7 @@ pub mod combine;
 pub mod hierr;
 pub mod judge;
 pub mod process;
+pub mod segments;
 pub mod steptool;
 pub mod transcript;
 

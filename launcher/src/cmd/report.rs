@@ -1,6 +1,12 @@
 //! `launcher report`: the summary table and PNG plots of a run directory
 //! (`summary.json`, `metrics.jsonl`, `rollouts.jsonl`), or two runs side by side.
 //!
+//! Given more than two runs, or runs of the same recipe (seeds), it compares
+//! recipes: one column per recipe with each held-out figure as mean ± sample
+//! standard deviation over that recipe's runs, and `compare-*.png` curves
+//! (the mean over seeds per recipe) in `--out` (default: `report/` next to the
+//! first run).
+//!
 //! Plots go to `RUN_DIR/report/`: `rewards.png` (reward mean and components),
 //! `success.png` (trajectory success, final-answer accuracy) and `tool_use.png`
 //! (tool-call, unnecessary-tool and repeated-call rates), each over RL steps.
@@ -23,10 +29,33 @@ use std::path::{Path, PathBuf};
 /// Arguments of `launcher report`.
 #[derive(Args)]
 pub struct ReportArgs {
-    /// Run directory; give two to print their tables side by side.
-    #[arg(required = true, num_args = 1..=2)]
+    /// Run directory; two are printed side by side; more (or seeds of one recipe) are compared by recipe.
+    #[arg(required = true, num_args = 1..)]
     run_dirs: Vec<PathBuf>,
+    /// Where the comparison's plots go (default: report/ next to the first run).
+    #[arg(long)]
+    out: Option<PathBuf>,
 }
+
+/// The held-out figures a comparison shows, as `summary.json` names them.
+const COMPARED: &[(&str, &str)] = &[
+    ("trajectory_success", "held-out trajectory success"),
+    ("step_call_accuracy", "held-out per-step call accuracy"),
+    ("summary_score", "held-out summary score"),
+    ("final_answer_accuracy", "held-out final-answer accuracy"),
+    ("tool_call_rate", "held-out tool-call rate"),
+    ("unnecessary_tool_rate", "held-out unnecessary-tool rate"),
+    ("after_warmup.trajectory_success", "after warm-up: trajectory success"),
+    ("steps", "RL steps"),
+    ("wall_seconds", "wall seconds"),
+];
+
+/// The comparison's curves: file, title, rates, the metric.
+const COMPARED_CURVES: &[(&str, &str, bool, &str)] = &[
+    ("compare-success.png", "training trajectory success (mean over seeds)", true, "trajectory_success"),
+    ("compare-reward.png", "training reward (mean over seeds)", false, "reward_mean"),
+    ("compare-step-accuracy.png", "training per-step call accuracy (mean over seeds)", true, "step_call_accuracy"),
+];
 
 /// The largest magnitude drawn (1e15): ranges stay far from f64 overflow, and
 /// no reward, rate or step of a real run comes near it; beyond it a value is a
@@ -61,6 +90,17 @@ struct Run {
 pub fn run(a: ReportArgs) -> CliResult {
     let runs = a.run_dirs.iter().map(|d| load_run(d)).collect::<CliResult<Vec<_>>>()?;
     let font = register_font()?;
+    let recipes = by_recipe(&runs);
+    if runs.len() > 2 || recipes.len() < runs.len() {
+        print!("{}", compare_table(&recipes));
+        let out = a.out.clone().unwrap_or_else(|| a.run_dirs[0].parent().filter(|p| !p.as_os_str().is_empty()).unwrap_or(Path::new(".")).join("report"));
+        let written = compare_plots(&recipes, &out, font.is_some())?;
+        if !written.is_empty() {
+            let names: Vec<String> = written.iter().map(|p| p.display().to_string()).collect();
+            println!("plots: {}", names.join(", "));
+        }
+        return Ok(());
+    }
     print!("{}", table(&runs));
     if font.is_none() {
         eprintln!("note: plots are drawn without text: RLMESH_FONT is empty or unset and none of {} exists (set RLMESH_FONT=FILE.ttf)", FONT_FILES.join(", "));
@@ -229,10 +269,16 @@ fn table(runs: &[Run]) -> String {
             rows.push((format!("  {key}"), counts.iter().map(|c| c[key].to_string()).collect()));
         }
     }
+    columns(&rows)
+}
+
+/// Rows of a label and one cell per column, the columns aligned.
+fn columns(rows: &[(String, Vec<String>)]) -> String {
     let label_w = rows.iter().map(|(l, _)| l.chars().count()).max().unwrap_or(0);
-    let widths: Vec<usize> = (0..runs.len()).map(|c| rows.iter().map(|(_, cells)| cells[c].chars().count()).max().unwrap_or(0)).collect();
+    let n = rows.first().map_or(0, |(_, c)| c.len());
+    let widths: Vec<usize> = (0..n).map(|c| rows.iter().map(|(_, cells)| cells[c].chars().count()).max().unwrap_or(0)).collect();
     let mut out = String::new();
-    for (label, cells) in &rows {
+    for (label, cells) in rows {
         let mut line = format!("{label:<label_w$}");
         for (cell, w) in cells.iter().zip(&widths) {
             let _ = write!(line, "  {cell:<w$}");
@@ -240,6 +286,89 @@ fn table(runs: &[Run]) -> String {
         let _ = writeln!(out, "{}", line.trim_end());
     }
     out
+}
+
+/// The runs grouped by recipe (`summary.json`'s `recipe`, else the directory's name), in order of first appearance.
+fn by_recipe(runs: &[Run]) -> Vec<(String, Vec<&Run>)> {
+    let mut out: Vec<(String, Vec<&Run>)> = vec![];
+    for r in runs {
+        let name = r
+            .summary
+            .as_ref()
+            .and_then(|s| s.get("recipe"))
+            .and_then(Value::as_str)
+            .map(String::from)
+            .unwrap_or_else(|| r.dir.file_name().map_or_else(|| r.dir.display().to_string(), |n| n.to_string_lossy().into_owned()));
+        match out.iter_mut().find(|(n, _)| *n == name) {
+            Some((_, v)) => v.push(r),
+            None => out.push((name, vec![r])),
+        }
+    }
+    out
+}
+
+/// `mean ± sample std` of `xs` (`mean` alone for one value), as a rate when `key` is one.
+fn mean_spread(key: &str, xs: &[f64]) -> String {
+    let n = xs.len() as f64;
+    let mean = xs.iter().sum::<f64>() / n;
+    let std = (xs.len() > 1).then(|| (xs.iter().map(|x| (x - mean).powi(2)).sum::<f64>() / (n - 1.0)).sqrt());
+    let (scale, unit) = if is_rate(key) { (100.0, "%") } else { (1.0, "") };
+    let digits = if is_rate(key) || mean.abs() >= 100.0 { 1 } else { 3 };
+    match std {
+        Some(s) => format!("{:.digits$}{unit} ± {:.digits$}", mean * scale, s * scale),
+        None => format!("{:.digits$}{unit}", mean * scale),
+    }
+}
+
+/// One column per recipe: each compared figure as mean ± spread over its finished runs.
+fn compare_table(recipes: &[(String, Vec<&Run>)]) -> String {
+    let mut rows: Vec<(String, Vec<String>)> = vec![("recipe".into(), recipes.iter().map(|(n, _)| n.clone()).collect())];
+    rows.push(("runs (finished)".into(), recipes.iter().map(|(_, rs)| format!("{} ({})", rs.len(), rs.iter().filter(|r| r.summary.is_some()).count())).collect()));
+    for (key, label) in COMPARED {
+        let cells = recipes
+            .iter()
+            .map(|(_, rs)| {
+                let xs: Vec<f64> = rs.iter().filter_map(|r| r.summary.as_ref()).filter_map(|s| flatten("", s).get(*key).and_then(Value::as_f64)).collect();
+                if xs.is_empty() {
+                    "—".to_string()
+                } else {
+                    mean_spread(key, &xs)
+                }
+            })
+            .collect();
+        rows.push(((*label).to_string(), cells));
+    }
+    let mut out = columns(&rows);
+    let _ = writeln!(out, "(mean ± sample standard deviation over each recipe's finished runs)");
+    out
+}
+
+/// The comparison's curves in `out`: per recipe, a metric's mean over its runs at each step all of them logged.
+fn compare_plots(recipes: &[(String, Vec<&Run>)], out: &Path, text: bool) -> CliResult<Vec<PathBuf>> {
+    let mut written = vec![];
+    let drawable = |x: f64| x.is_finite() && x.abs() <= MAX_PLOTTED;
+    for (file, title, rates, key) in COMPARED_CURVES {
+        let mut series: Vec<(String, Vec<(f64, f64)>)> = vec![];
+        for (name, rs) in recipes {
+            let each: Vec<Vec<(f64, f64)>> = rs.iter().map(|r| r.series(key)).filter(|s| !s.is_empty()).collect();
+            let Some(shortest) = each.iter().map(Vec::len).min() else { continue };
+            let mean: Vec<(f64, f64)> = (0..shortest)
+                .map(|i| (each[0][i].0, each.iter().map(|s| s[i].1).sum::<f64>() / each.len() as f64))
+                .filter(|&(x, y)| drawable(x) && drawable(y))
+                .collect();
+            if !mean.is_empty() {
+                series.push((format!("{name} (n={})", each.len()), mean));
+            }
+        }
+        if series.is_empty() {
+            continue;
+        }
+        std::fs::create_dir_all(out).map_err(|e| anyhow::anyhow!("{}: cannot create: {e}", out.display()))?;
+        let path = out.join(file);
+        line_plot(&path, title, &series, *rates, text).map_err(|e| anyhow::anyhow!("{}: drawing: {e}", path.display()))?;
+        written.push(path);
+    }
+    Ok(written)
 }
 
 /// Registers the plots' font; `None` when there is none to use.

@@ -30,6 +30,9 @@ pub struct UpArgs {
     /// Override the recipe's RL steps.
     #[arg(long)]
     max_steps: Option<u64>,
+    /// Override the recipe's seed (model creation, warm-up data, sampling; the task mix keeps its own).
+    #[arg(long)]
+    seed: Option<u64>,
     /// Override the recipe's SFT warm-up steps.
     #[arg(long)]
     sft_steps: Option<u64>,
@@ -55,6 +58,9 @@ pub struct UpArgs {
     /// Serve /metrics here (default: the topology's metrics port on 127.0.0.1).
     #[arg(long)]
     metrics_addr: Option<String>,
+    /// Write each RL step's per-token advantages (or StepTool's per-token rewards) to RUN_DIR/batches.jsonl.
+    #[arg(long)]
+    record_batches: bool,
     /// Fault injection (tests): rollout actor 0 panics on this request number.
     #[arg(long, hide = true)]
     panic_rollout_on_request: Option<u64>,
@@ -64,13 +70,16 @@ impl UpArgs {
     /// The options a submitted job passes on to its `up`, with the paths given.
     pub(crate) fn forwarded(&self, recipe: &Path, run_dir: &Path) -> Vec<String> {
         let mut v = vec!["--recipe".to_string(), recipe.display().to_string(), "--run-dir".into(), run_dir.display().to_string()];
-        for (flag, value) in [("--max-steps", self.max_steps.map(|x| x.to_string())), ("--sft-steps", self.sft_steps.map(|x| x.to_string())), ("--eval-limit", self.eval_limit.map(|x| x.to_string())), ("--metrics-addr", self.metrics_addr.clone())] {
+        for (flag, value) in [("--max-steps", self.max_steps.map(|x| x.to_string())), ("--seed", self.seed.map(|x| x.to_string())), ("--sft-steps", self.sft_steps.map(|x| x.to_string())), ("--eval-limit", self.eval_limit.map(|x| x.to_string())), ("--metrics-addr", self.metrics_addr.clone())] {
             if let Some(x) = value {
                 v.extend([flag.to_string(), x]);
             }
         }
         if self.resume {
             v.push("--resume".into());
+        }
+        if self.record_batches {
+            v.push("--record-batches".into());
         }
         if let Some(d) = &self.device {
             v.extend(["--device".to_string(), d.clone()]);
@@ -82,7 +91,10 @@ impl UpArgs {
 /// `launcher up`.
 pub fn up(a: UpArgs) -> CliResult {
     let topology = Topology::load(&a.deploy).map_err(CliError::usage)?;
-    let recipe = Recipe::load(&a.recipe).map_err(CliError::usage)?;
+    let mut recipe = Recipe::load(&a.recipe).map_err(CliError::usage)?;
+    if let Some(seed) = a.seed {
+        recipe.seed = seed;
+    }
     let topology = if a.device.is_some() { topology.on_cpu() } else { topology };
     let alloc = slurm::allocation(a.slurm, &topology)?;
     if let Some(al) = &alloc {
@@ -150,6 +162,7 @@ pub fn up(a: UpArgs) -> CliResult {
         eval_limit: a.eval_limit,
         resume: a.resume,
         fleet,
+        record_batches: a.record_batches,
     };
     let rt = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build().usage("starting the runtime")?;
     let summary = rt.block_on(run(opts)).map_err(|e| match e {
