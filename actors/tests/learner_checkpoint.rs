@@ -130,3 +130,72 @@ fn a_corrupt_latest_checkpoint_falls_back_to_the_previous_one_with_a_warning() {
     let msg = err.to_string();
     assert!(msg.contains("no usable checkpoint") && msg.contains("step-00000002") && msg.contains("step-00000003"), "{msg}");
 }
+
+/// StepTool's learner: GAE from per-token rewards over the value head, KL in the
+/// reward against the reference taken at `reconfigure` (the policy after the warm-up).
+fn steptool_config() -> LearnerConfig {
+    LearnerConfig {
+        optim: AdamWConfig { lr: 1e-2, ..Default::default() },
+        micro_batch_size: 2,
+        kl: Some(KlConfig { estimator: KlEstimator::K1, coef: KlCoef::Adaptive { init: 0.3, target: 6.0, horizon: 10000.0 }, placement: KlPlacement::Reward }),
+        value: Some(ValueConfig::default()),
+        gae: Some(GaeConfig { gamma: 0.99, lam: 0.95 }),
+        keep_checkpoints: 5,
+        ..Default::default()
+    }
+}
+
+/// `policy_batch` with per-token rewards on the last token of each run of the mask and no advantages, values or reference log-probs.
+fn reward_batch(n: usize, seed: u64) -> TrainBatch {
+    let mut b = policy_batch(n, seed);
+    for (i, s) in b.sequences.iter_mut().enumerate() {
+        let mut r = vec![0.0f32; s.loss_mask.len()];
+        for t in 0..s.loss_mask.len() {
+            if s.loss_mask[t] == 1 && s.loss_mask.get(t + 1).copied().unwrap_or(0) == 0 {
+                r[t] = 0.25 * (1 + (i + t) % 3) as f32;
+            }
+        }
+        s.rewards = Some(r);
+        s.advantages = vec![0.0; s.loss_mask.len()];
+        (s.values, s.returns, s.ref_logprobs) = (None, None, None);
+    }
+    b
+}
+
+#[test]
+fn the_value_head_reference_and_kl_controller_resume_exactly() {
+    let dir = tempfile::tempdir().unwrap();
+    let model = Transformer::load(&tiny_model(dir.path(), "m", 9), Device::Cpu, None).unwrap();
+    let root = dir.path().join("ckpt");
+    let mut learner = Learner::new(model, steptool_config(), None).unwrap();
+    // The RL settings take the reference: the policy as it is now.
+    learner.reconfigure(steptool_config()).unwrap();
+    let step = |l: &mut Learner, seed: u64| {
+        let mut b = reward_batch(4, seed);
+        l.prepare(&mut b).unwrap();
+        // GAE filled what the batch lacked; advantages are whitened over the masked tokens.
+        let masked: Vec<f32> = b.sequences.iter().flat_map(|s| s.advantages.iter().zip(&s.loss_mask).filter(|(_, m)| **m == 1).map(|(a, _)| *a)).collect();
+        let mean = masked.iter().sum::<f32>() / masked.len() as f32;
+        assert!(mean.abs() < 1e-4 && b.sequences.iter().all(|s| s.returns.is_some() && s.values.is_some()));
+        l.train_step(&b).unwrap()
+    };
+    let mut seen = vec![];
+    for k in 0..3u64 {
+        seen.push(step(&mut learner, 70 + k));
+        let meta = CheckpointMeta { policy_version: k + 1, data_cursor: serde_json::json!({"next": k + 1}) };
+        learner.save_checkpoint(&root, &meta).unwrap();
+    }
+    let later = step(&mut learner, 73);
+    // The policy moved away from the reference: KL is measured and β adapted.
+    assert!(seen[2].kl.unwrap() != 0.0 && seen[2].kl_coef.unwrap() != 0.3, "{:?}", seen[2]);
+    assert!(root.join("step-00000003/reference.safetensors").exists() && root.join("step-00000003/value_head.safetensors").exists());
+    let mut resumed = Learner::resume(&root, steptool_config(), Device::Cpu, None, None).unwrap().learner;
+    let again = step(&mut resumed, 73);
+    for (what, a, b) in [("loss", again.loss, later.loss), ("value loss", again.value_loss.unwrap(), later.value_loss.unwrap()), ("kl", again.kl.unwrap(), later.kl.unwrap()), ("β", again.kl_coef.unwrap(), later.kl_coef.unwrap())] {
+        assert_eq!(a.to_bits(), b.to_bits(), "{what}: {a} after resuming, {b} uninterrupted");
+    }
+    assert_eq!(resumed.parameter_digest().unwrap(), learner.parameter_digest().unwrap());
+    // Without rewards, a GAE learner refuses the batch, naming the field.
+    let err = resumed.prepare(&mut policy_batch(2, 1)).unwrap_err().to_string();
+    assert!(err.contains("rewards"), "{err}");
+}

@@ -46,3 +46,66 @@ fn scores_are_digits_and_failures_are_counted() {
     assert_eq!(judge_unit_score(&slow, &req, &stats), 0.0);
     assert_eq!((stats.calls(), stats.failures()), (1, 1));
 }
+
+/// A trajectory with one executed call of `result` and the reply `answer` (the loss mask: two turns).
+fn trajectory(result: &str, answer: &str) -> rlmesh_core::Trajectory {
+    let mask: Vec<u8> = [vec![0; 4], vec![1; 6], vec![0; 3], vec![1; 5]].concat();
+    let n = mask.len();
+    rlmesh_core::Trajectory {
+        task_id: "t".into(),
+        sample_index: 0,
+        prompt_len: 4,
+        rendered_prompt: String::new(),
+        token_ids: vec![5; n],
+        loss_mask: mask,
+        logprobs: vec![0.0; n],
+        versions: vec![0; n],
+        segments: vec![rlmesh_core::Span { start: 4, end: 10 }],
+        summary: Some(rlmesh_core::Span { start: 13, end: 18 }),
+        steps: vec![rlmesh_core::Step {
+            turn: 0,
+            index: 0,
+            name: "calculator".into(),
+            arguments: serde_json::json!({"operation": "multiply", "a": 17, "b": 24}),
+            result: result.into(),
+            success: true,
+            error: None,
+            latency_ms: 1.0,
+            repeated: false,
+        }],
+        format_errors: vec![],
+        messages: vec![],
+        completion: String::new(),
+        final_answer: answer.into(),
+        stop_reason: rlmesh_core::StopReason::Answered,
+    }
+}
+
+#[test]
+fn a_reward_scorer_with_the_model_judge_scores_segments_and_counts_its_cost() {
+    use rlmesh_actors::controller::recipe::RewardKind;
+    use rlmesh_actors::reward::{JudgeSpec, RewardSpec, Scorer};
+    let task: Task = serde_json::from_value(serde_json::json!({
+        "id": "t", "prompt": "Use the calculator to compute 17 * 24.", "requires_tool": true, "allowed_tools": ["calculator"],
+        "gold_tool_calls": [[{"name": "calculator", "arguments": {"operation": "multiply", "a": 17, "b": 24}}]], "expected_answer": "408"
+    }))
+    .unwrap();
+    let group = rlmesh_core::Group { group_id: 1, task, trajectories: vec![trajectory("408", "The answer is 408."), trajectory("408", "No idea.")] };
+    let model = Scorer::new(&RewardSpec { kind: RewardKind::Hierr, judge: JudgeSpec::Model { dir: smollm2() } }).unwrap();
+    let scored = model.score(group.clone());
+    // Both replies have a tool response and at least 10 characters except "No idea." (8): one judge call.
+    assert_eq!(scored.judge.calls, 1, "{:?}", scored.judge);
+    assert!(scored.judge.seconds > 0.0);
+    for s in &scored.scores {
+        assert!((0.0..=1.0).contains(&s.segments.summary));
+        // HierR's total is the process reward plus the judged summary, once.
+        assert!((s.total - (s.segments.process + s.segments.summary)).abs() < 1e-12);
+    }
+    assert_eq!(scored.scores[1].segments.summary, 0.0);
+    // The rule rubric on the same group: 5 → 1.0 for the stated, concise, grounded reply.
+    let rule = Scorer::new(&RewardSpec { kind: RewardKind::Hierr, judge: JudgeSpec::Rule }).unwrap().score(group);
+    assert_eq!(rule.scores[0].segments.summary, 1.0);
+    assert_eq!(scored.scores[0].segments.process, rule.scores[0].segments.process);
+    let missing = Scorer::new(&RewardSpec { kind: RewardKind::Hierr, judge: JudgeSpec::Model { dir: "/nonexistent".into() } }).err().unwrap();
+    assert!(missing.contains("/nonexistent"), "{missing}");
+}

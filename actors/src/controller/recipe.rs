@@ -89,6 +89,13 @@ pub struct Recipe {
     pub seed: u64,
     /// The reward that scores rollouts.
     pub reward: RewardKind,
+    /// The judge of the final replies (SLCA's summary reward, HierR's total): `"rule"`
+    /// (default: states the result, concise, grounded) or `"model"` (a frozen model).
+    #[serde(default)]
+    pub judge: JudgeName,
+    /// The model judge's HF directory (default: SmolLM2-135M from the set-up).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub judge_model: Option<String>,
     /// Tools and environments the agent may call (default `["calculator"]`).
     #[serde(default = "default_tools")]
     pub tools: Vec<String>,
@@ -119,6 +126,17 @@ pub enum RewardKind {
     /// SLCA-GRPO's HierR total: process reward of the calls plus the judged
     /// summary, −0.5 for a tool task answered without a call.
     Hierr,
+}
+
+/// The judge of the final replies.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum JudgeName {
+    /// The rule rubric.
+    #[default]
+    Rule,
+    /// A frozen model on the reward actor's own thread.
+    Model,
 }
 
 /// The policy model.
@@ -621,6 +639,9 @@ impl Recipe {
     /// Checks ranges and cross-field rules; the error names the offending field.
     pub fn validate(&self) -> Result<(), Invalid> {
         self.validate_tools()?;
+        if self.judge_model.is_some() && self.judge != JudgeName::Model {
+            return Err(Invalid::new("judge_model", "only a model judge (judge = \"model\") uses it; remove it"));
+        }
         if self.model.path.is_empty() {
             return Err(Invalid::new("model.path", "an HF model directory or \"tiny\""));
         }

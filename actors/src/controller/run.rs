@@ -18,14 +18,14 @@ use super::supervisor::{RolloutSlots, RolloutSupervisor, SupervisorArgs};
 use crate::learner::actor::{LearnerActor, LearnerArgs, LearnerMsg};
 use super::batch::{train_batch, Advantages};
 use super::warm_start;
-use super::recipe::EstimatorKind;
+use super::recipe::{EstimatorKind, JudgeName};
 use crate::learner::{
     AdamWConfig, CheckpointMeta, ClipParams, GaeConfig, KlCoef, KlConfig, KlEstimator, KlPlacement, LearnerConfig, LrSchedule, SftBatch, SftSequence, StepStats, TrainBatch, ValueConfig,
 };
 use crate::metrics::{serve, Metrics};
 use crate::node::fleet::{Fleet, FleetSpec, Publisher, RoleSetup};
 use crate::node::wire::RolloutSetup;
-use crate::reward::{RewardActor, RewardMsg, ScoredGroup};
+use crate::reward::{JudgeSpec, RewardActor, RewardMsg, RewardSpec, ScoredGroup};
 use crate::rollout::actor::{Purpose, RolloutArgs, RolloutMsg, RolloutRequest, RolloutResult};
 use crate::rollout::RolloutConfig;
 use crate::warmup::{expert_example, pick_strategy};
@@ -668,6 +668,11 @@ fn step_record(metrics: &Metrics, recipe: &Recipe, s: &StepFacts<'_>) -> Value {
     for (k, v) in f.as_object().expect("object") {
         row[k] = v.clone();
     }
+    // What the judge cost: wall seconds of scoring per group, and failed judge calls.
+    let groups = admitted.len().max(1) as f64;
+    row["judge/seconds_per_group"] = json!(admitted.iter().map(|g| g.judge.seconds).sum::<f64>() / groups);
+    row["judge/calls"] = json!(admitted.iter().map(|g| g.judge.calls).sum::<u64>());
+    row["judge/failures"] = json!(admitted.iter().map(|g| g.judge.failures).sum::<u64>());
     if let Some(v) = stats.value_loss {
         row["value_loss"] = json!(v);
     }
@@ -877,12 +882,19 @@ pub async fn run(opts: RunOptions) -> Result<Summary, RunError> {
         sampling: SamplingParams { max_new_tokens: recipe.rl.max_new_tokens, temperature: recipe.rl.temperature, ..Default::default() },
         system_prompt: None,
     };
+    let reward_spec = RewardSpec {
+        kind: recipe.reward,
+        judge: match recipe.judge {
+            JudgeName::Rule => JudgeSpec::Rule,
+            JudgeName::Model => JudgeSpec::Model { dir: recipe.judge_model.as_ref().map_or_else(|| opts.tokenizer_dir.clone(), PathBuf::from) },
+        },
+    };
     let mut hosted = match &fleet {
         Some(f) => {
             let roles = RoleSetup {
                 model_dir: model_dir.clone(),
                 rollout: RolloutSetup { tools: recipe.tools.clone(), limits, config: rollout_cfg.clone() },
-                reward: recipe.reward,
+                reward: reward_spec.clone(),
                 learner: sft_cfg.clone(),
             };
             let h = f.host(&roles).await.map_err(RunError::Setup)?;
@@ -947,7 +959,7 @@ pub async fn run(opts: RunOptions) -> Result<Summary, RunError> {
     )
     .await
     .map_err(|e| RunError::Setup(format!("rollout actors: {e}")))?;
-    let (reward, _) = Actor::spawn(None, RewardActor, recipe.reward).await.map_err(|e| RunError::Setup(format!("reward actor: {e}")))?;
+    let (reward, _) = Actor::spawn(None, RewardActor, reward_spec.clone()).await.map_err(|e| RunError::Setup(format!("reward actor: {e}")))?;
     let (weight_sync, _) = Actor::spawn(None, WeightSync, ()).await.map_err(|e| RunError::Setup(format!("weight-sync actor: {e}")))?;
 
     let mut driver = Driver {

@@ -99,7 +99,7 @@ pub struct RoleSetup {
     /// Rollout actors' settings.
     pub rollout: RolloutSetup,
     /// The reward function.
-    pub reward: crate::controller::recipe::RewardKind,
+    pub reward: crate::reward::RewardSpec,
     /// The learner's first settings (the warm-up's).
     pub learner: LearnerConfig,
 }
@@ -366,7 +366,7 @@ impl Fleet {
                 cpus,
                 controller_data: self.core.my_data.clone(),
                 rollout: has(p, Role::Rollout).then(|| roles.rollout.clone()),
-                reward: has(p, Role::Reward).then_some(roles.reward),
+                reward: has(p, Role::Reward).then(|| roles.reward.clone()),
                 learner,
                 weights: group_rank(i).map(|rank| GroupSpec { rank, world, addr: group_addr.clone() }),
             };

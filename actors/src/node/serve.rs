@@ -24,7 +24,7 @@ use crate::weight_sync::WeightUpdate;
 use tokio::sync::{mpsc, oneshot};
 use crate::metrics::{serve as serve_metrics, Metrics};
 use crate::learner::actor::{LearnerActor, LearnerArgs, LearnerMsg};
-use crate::reward::score_group;
+use crate::reward::Scorer;
 use crate::rollout::actor::{RolloutActor, RolloutArgs, RolloutMsg, RolloutRequest, RolloutResult};
 use ractor::{Actor, ActorRef};
 use rlmesh_mesh::control::{ControlConfig, ControlNode, ControlSender, Incoming, PeerEvent};
@@ -92,7 +92,7 @@ pub fn endpoint(host: &str, port: u16) -> String {
 #[derive(Default)]
 struct Hosted {
     rollout: Option<ActorRef<RolloutMsg>>,
-    reward: Option<crate::controller::recipe::RewardKind>,
+    reward: Option<Arc<Scorer>>,
     learner: Option<(ActorRef<LearnerMsg>, u32)>,
     controller_data: String,
     /// This process's member of the weight-sync group.
@@ -252,7 +252,9 @@ async fn host(hosted: &mut Hosted, s: NodeSetup, cookie: &str, tx: &ControlSende
         let (a, _) = Actor::spawn(None, RolloutActor, args).await.map_err(|e| format!("rollout actor: {e}"))?;
         hosted.rollout = Some(a);
     }
-    hosted.reward = s.reward;
+    if let Some(spec) = &s.reward {
+        hosted.reward = Some(Arc::new(Scorer::new(spec).map_err(|e| format!("reward actor: {e}"))?));
+    }
     if let Some(l) = s.learner {
         let args = LearnerArgs { model_dir: s.model_dir.clone(), config: l.config, threads: s.threads, ring: Some((l.rank as usize, l.world as usize, l.master.clone())) };
         let (a, _) = Actor::spawn(None, LearnerActor, args).await.map_err(|e| format!("learner rank {}: {e}", l.rank))?;
@@ -341,16 +343,16 @@ fn on_data(hosted: &Hosted, msg: DataMsg, outboxes: &Outboxes, tx: &ControlSende
             });
         }
         DataMsg::Groups { id, result } => {
-            let (kind, to, outboxes) = (hosted.reward, hosted.controller_data.clone(), outboxes.clone());
+            let (scorer, to, outboxes) = (hosted.reward.clone(), hosted.controller_data.clone(), outboxes.clone());
             tokio::spawn(async move {
-                let result = match (kind, result) {
+                let result = match (scorer, result) {
                     (None, _) => Err("this process hosts no reward actor".into()),
                     (_, Err(e)) => Err(e),
-                    (Some(kind), Ok(json)) => match json.get::<RolloutResult>("RolloutResult") {
+                    (Some(scorer), Ok(json)) => match json.get::<RolloutResult>("RolloutResult") {
                         Err(e) => Err(e),
                         Ok(mut res) => {
                             let groups = std::mem::take(&mut res.groups);
-                            match tokio::task::spawn_blocking(move || groups.into_iter().map(|g| score_group(g, kind)).collect()).await {
+                            match tokio::task::spawn_blocking(move || groups.into_iter().map(|g| scorer.score(g)).collect()).await {
                                 Ok(scored) => {
                                     res.scored = Some(scored);
                                     Ok(Json::of(&res))

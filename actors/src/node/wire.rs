@@ -8,7 +8,7 @@
 //! Values whose types hold a `serde_json::Value` (tasks, trajectories,
 //! checkpoint records) travel as [`Json`] bytes inside the bincode payload:
 //! bincode cannot decode a self-describing value.
-use crate::controller::recipe::RewardKind;
+use crate::reward::RewardSpec;
 use crate::learner::{CheckpointMeta, LearnerConfig, SftBatch, StepStats, TrainBatch};
 use crate::rollout::RolloutConfig;
 use super::weights::GroupSpec;
@@ -69,7 +69,7 @@ pub struct NodeSetup {
     /// A rollout actor.
     pub rollout: Option<RolloutSetup>,
     /// A reward actor scoring with this function.
-    pub reward: Option<RewardKind>,
+    pub reward: Option<RewardSpec>,
     /// A data-parallel learner rank.
     pub learner: Option<LearnerSetup>,
     /// Its place in the weight-sync group (rank 0: learner rank 0; the others: rollout processes).

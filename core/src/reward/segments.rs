@@ -14,7 +14,7 @@
 use super::hierr::{hierr_process, hierr_reward};
 use super::judge::{Judge, JudgeStats};
 use super::steptool::{annotate, StepAnnotation};
-use super::Transcript;
+use super::{Scored, Transcript};
 use crate::task::Task;
 use crate::trajectory::Trajectory;
 use serde::{Deserialize, Serialize};
@@ -60,12 +60,18 @@ pub fn turn_rewards(a: &StepAnnotation, actions: usize, has_reply: bool) -> Vec<
 pub fn segment_scores(task: &Task, traj: &Trajectory, judge: &dyn Judge, stats: &JudgeStats) -> SegmentScores {
     let t = Transcript::from_trajectory(traj);
     let h = hierr_reward(task, &t, judge, stats);
+    segments_of(task, traj, &t, &h)
+}
+
+/// [`segment_scores`] from the trajectory's transcript `t` and its HierR reward `h`
+/// (already judged: a model judge is called once per trajectory).
+pub fn segments_of(task: &Task, traj: &Trajectory, t: &Transcript, h: &Scored) -> SegmentScores {
     let no_call = h.component("no_call") == Some(1.0);
-    let a = annotate(task, &t);
+    let a = annotate(task, t);
     let actions = traj.segments.iter().filter(|s| !s.is_empty()).count();
     let has_reply = traj.summary.is_some_and(|s| !s.is_empty());
     SegmentScores {
-        process: if no_call { 0.0 } else { hierr_process(task, &t).process() },
+        process: if no_call { 0.0 } else { hierr_process(task, t).process() },
         summary: h.component("summary").unwrap_or(0.0),
         total: h.total,
         no_call,
