@@ -149,7 +149,8 @@ fn extreme_metrics_are_left_out_of_the_plots_with_a_note_instead_of_hanging() {
 /// A finished run of `recipe` whose held-out success is `success` (training success climbs to it over 4 steps).
 fn seed_run(dir: &Path, recipe: &str, success: f64, wall: f64) {
     std::fs::create_dir_all(dir).unwrap();
-    let metrics: String = (1..=4).map(|s| format!("{}\n", json!({"step": s, "trajectory_success": success * s as f64 / 4.0, "reward_mean": s}))).collect();
+    let metrics: String =
+        (1..=4).map(|s| format!("{}\n", json!({"step": s, "trajectory_success": success * s as f64 / 4.0, "reward_mean": s, "seconds": wall - 10.0 * (4 - s) as f64}))).collect();
     std::fs::write(dir.join("metrics.jsonl"), metrics).unwrap();
     let summary = json!({"recipe": recipe, "trajectory_success": success, "step_call_accuracy": success / 2.0, "summary_score": 0.25,
                          "final_answer_accuracy": 0.5, "steps": 4, "wall_seconds": wall, "after_warmup": {"trajectory_success": 0.4}});
@@ -177,6 +178,8 @@ fn report_compares_recipes_over_seeds_with_mean_and_spread() {
     assert_eq!(cells("held-out per-step call accuracy"), ["30.0% ± 7.1", "40.0%"], "{table}");
     assert_eq!(cells("after warm-up: trajectory success"), ["40.0% ± 0.0", "40.0%"], "{table}");
     assert_eq!(cells("wall seconds"), ["110.0 ± 14.1", "90.000"], "{table}");
+    // Step 1 at wall − 30 s, step 4 at wall: 30 s of RL in every run.
+    assert_eq!(cells("RL seconds (first → last step)"), ["30.000 ± 0.000", "30.000"], "{table}");
     for png in ["compare-success.png", "compare-reward.png"] {
         assert_png(&runs.join("report").join(png));
     }

@@ -338,6 +338,20 @@ fn compare_table(recipes: &[(String, Vec<&Run>)]) -> String {
             .collect();
         rows.push(((*label).to_string(), cells));
     }
+    // The RL loop's own time, warm-up excluded (a shared warm-up is paid by one run of each seed):
+    // `seconds` of the last step row minus the first's.
+    let rl = recipes
+        .iter()
+        .map(|(_, rs)| {
+            let xs: Vec<f64> = rs.iter().filter_map(|r| Some(r.series("seconds").last()?.1 - r.series("seconds").first()?.1)).collect();
+            if xs.is_empty() {
+                "—".to_string()
+            } else {
+                mean_spread("seconds", &xs)
+            }
+        })
+        .collect();
+    rows.push(("RL seconds (first → last step)".into(), rl));
     let mut out = columns(&rows);
     let _ = writeln!(out, "(mean ± sample standard deviation over each recipe's finished runs)");
     out
