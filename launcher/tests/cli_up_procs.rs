@@ -255,9 +255,20 @@ fn bad_input_to_a_live_run_is_refused_counted_and_named_and_the_run_finishes() {
     let rt = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build().unwrap();
     rt.block_on(async {
         let cfg = ControlConfig::default();
-        let wrong: ControlNode<ControlMsg> = ControlNode::start("intruder-wrong-cookie", free_port_base(1), &stranger, cfg.clone()).await.unwrap();
+        // A probed free port can be taken (another test's outgoing connection) before the node binds it: try a few.
+        async fn start_on_a_free_port(name: &str, cookie: &Cookie, cfg: &ControlConfig) -> ControlNode<ControlMsg> {
+            let mut last = None;
+            for _ in 0..5 {
+                match ControlNode::start(name, free_port_base(1), cookie, cfg.clone()).await {
+                    Ok(n) => return n,
+                    Err(e) => last = Some(e),
+                }
+            }
+            panic!("{name}: no free port in 5 tries: {last:?}")
+        }
+        let wrong = start_on_a_free_port("intruder-wrong-cookie", &stranger, &cfg).await;
         let _ = wrong.connect(&format!("127.0.0.1:{control}")).await;
-        let node: ControlNode<ControlMsg> = ControlNode::start("intruder", free_port_base(1), &cookie, cfg).await.unwrap();
+        let node = start_on_a_free_port("intruder", &cookie, &cfg).await;
         node.connect(&format!("127.0.0.1:{control}")).await.unwrap();
         node.wait_for_peer("local/main", Duration::from_secs(10)).await.unwrap();
         node.send_raw("local/main", b"garbage on the control plane, long enough for a header......".to_vec()).unwrap();
