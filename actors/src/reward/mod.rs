@@ -145,11 +145,6 @@ impl Scorer {
     }
 }
 
-/// Scores a group with `kind` and the rule judge.
-pub fn score_group(group: Group, kind: RewardKind) -> ScoredGroup {
-    Scorer { kind, judge: Arc::new(SummaryRubric) }.score(group)
-}
-
 /// Messages of the reward actor.
 pub enum RewardMsg {
     /// Score groups.
