@@ -13,7 +13,17 @@ STAMP="$VENV/.rlmesh-ready-v2"
 PY="${RLMESH_PYTHON:-python3.11}"
 command -v "$PY" >/dev/null 2>&1 || PY=python3
 
+# TRL (the peer of `launcher bench grpo`), added to an existing environment without rebuilding it.
+add_trl() {
+  local stamp="$VENV/.rlmesh-trl-1.16.0"
+  [ -f "$stamp" ] && return 0
+  echo "[setup] adding TRL 1.16.0 to $VENV" >&2
+  "$VENV/bin/pip" install --quiet "trl==1.16.0" >&2
+  touch "$stamp"
+}
+
 if [ -f "$STAMP" ]; then
+  add_trl
   echo "$VENV"
   exit 0
 fi
@@ -41,4 +51,5 @@ if [ -n "$NCCL_DIR" ] && [ -f "$NCCL_DIR/libnccl.so.2" ] && [ ! -e "$NCCL_DIR/li
 fi
 "$VENV/bin/python" -c "import torch, transformers; print('[setup] torch', torch.__version__, 'transformers', transformers.__version__)" >&2
 touch "$STAMP"
+add_trl
 echo "$VENV"

@@ -102,6 +102,7 @@ fn check_run(dir: &Path, summary: &Summary, bound: u64) {
     for r in &rows {
         assert!(r["staleness_max"].as_u64().unwrap() <= bound, "{r}");
     }
+    check_step_timing(&rows, bound == 0);
     let trained_rows = std::fs::read_to_string(dir.join("rollouts.jsonl")).unwrap().lines().count();
     let trained_groups: usize = groups.values().filter(|e| e.iter().any(|x| x == "trained")).count();
     assert_eq!(trained_rows, trained_groups * 2, "one error-analysis row per trained rollout");
@@ -112,6 +113,25 @@ fn check_run(dir: &Path, summary: &Summary, bound: u64) {
     // The final checkpoint is a transformers-style directory.
     assert!(dir.join("checkpoints/latest/model.safetensors").exists());
     assert!(dir.join("checkpoints/latest/config.json").exists());
+}
+
+/// Each step's own wall time and phases (what `launcher bench grpo` reads):
+/// the step times are the gaps between the runs' clocks, and with no overlap
+/// (sync) the phases fit inside their step.
+fn check_step_timing(rows: &[Value], sync: bool) {
+    let f = |r: &Value, k: &str| r[k].as_f64().unwrap_or_else(|| panic!("metrics row lacks {k}: {r}"));
+    for w in rows.windows(2) {
+        let gap = f(&w[1], "seconds") - f(&w[0], "seconds");
+        assert!((f(&w[1], "step_seconds") - gap).abs() < 0.05, "step_seconds {} against the clock's {gap}", f(&w[1], "step_seconds"));
+    }
+    for r in rows {
+        assert!(r["generated_tokens"].as_u64().unwrap() > 0, "{r}");
+        let phases: Vec<f64> = ["generate", "tools", "reward", "train", "sync"].iter().map(|p| f(r, &format!("phase/{p}_seconds"))).collect();
+        assert!(phases.iter().all(|&p| p >= 0.0) && phases[0] > 0.0 && phases[3] > 0.0, "{r}");
+        if sync {
+            assert!(phases.iter().sum::<f64>() <= f(r, "step_seconds") + 0.01, "sync phases overlap: {r}");
+        }
+    }
 }
 
 #[test]

@@ -115,3 +115,62 @@ fn bench_pipeline_times_the_rl_phase_on_two_topologies_in_alternating_rounds() {
     assert_eq!(code(&o), 2);
     assert!(stderr(&o).contains("--rl-steps: at least 3"), "{}", stderr(&o));
 }
+
+/// `launcher bench grpo`: the same RL work in rlmesh (`launcher up`) and in the
+/// real TRL GRPOTrainer (the set-up's Python), alternating; the bench checks
+/// that both render the same prompts and score with the same reward, reuses
+/// its cached warm-up, and with `--to-quality` evaluates both final policies.
+#[test]
+fn bench_grpo_runs_rlmesh_and_trl_on_the_same_work() {
+    let tmp = tempfile::tempdir().unwrap();
+    let recipe = tmp.path().join("tiny-grpo.toml");
+    std::fs::write(
+        &recipe,
+        "reward = \"process\"\ntools = [\"calculator\"]\n[model]\nhidden = 32\nlayers = 1\n[tasks]\nsize = 64\nheld_out = 100\n\
+         [sft]\nsteps = 20\nbatch_size = 4\ntasks = 256\n[rl]\ngroup_size = 2\ngroups_per_step = 2\nmax_turns = 3\nmax_new_tokens = 16\n",
+    )
+    .unwrap();
+    let cache = tmp.path().join("cache");
+    let args = |rounds: &str, quality: bool| {
+        let mut v = vec!["bench", "grpo", "--recipe", recipe.to_str().unwrap(), "--steps", "2", "--rounds", rounds, "--threads", "1", "--cache", cache.to_str().unwrap()];
+        if quality {
+            v.push("--to-quality");
+        }
+        v.into_iter().map(String::from).collect::<Vec<_>>()
+    };
+    let run = |a: Vec<String>| launcher(&a.iter().map(String::as_str).collect::<Vec<_>>());
+    let o = run(args("2", true));
+    assert_eq!(code(&o), 0, "{}", stderr(&o));
+    assert!(stderr(&o).contains("making the warm-up once"), "{}", stderr(&o));
+    let report: Value = serde_json::from_str(stdout(&o).lines().last().unwrap()).unwrap();
+    let rounds = report["rounds"].as_array().unwrap();
+    assert_eq!(rounds.len(), 2);
+    for r in rounds {
+        let (ours, theirs, ratio) = (r["rlmesh_steps_per_s"].as_f64().unwrap(), r["trl_steps_per_s"].as_f64().unwrap(), r["ratio"].as_f64().unwrap());
+        assert!(ours > 0.0 && theirs > 0.0 && (ratio - ours / theirs).abs() < 1e-9, "{r}");
+        assert!(r["rlmesh_tokens_per_s"].as_f64().unwrap() > 0.0 && r["trl_tokens_per_s"].as_f64().unwrap() > 0.0, "{r}");
+        for p in ["generate", "tools", "reward", "train", "sync"] {
+            assert!(r["rlmesh_phase_seconds"][p].as_f64().unwrap() >= 0.0, "{r}");
+        }
+    }
+    // 2 steps × 2 groups: four prompts compared byte for byte; every TRL rollout re-scored by rlmesh.
+    assert_eq!(report["checked"]["rendered_prompts"], 4, "{report}");
+    assert_eq!(report["checked"]["reward_completions"], 2 * 2 * 2 * 2, "{report}");
+    for k in ["rlmesh_trajectory_success", "trl_trajectory_success"] {
+        let s = report["quality"][k].as_f64().unwrap();
+        assert!((0.0..=1.0).contains(&s), "{report}");
+    }
+    assert_eq!(report["quality"]["held_out_tasks"], 100);
+    assert!(!report["unequal"].as_array().unwrap().is_empty(), "the fields TRL cannot match are listed");
+    // The second invocation starts from the cached warm-up.
+    let o = run(args("1", false));
+    assert_eq!(code(&o), 0, "{}", stderr(&o));
+    assert!(!stderr(&o).contains("making the warm-up"), "{}", stderr(&o));
+
+    let o = launcher(&["bench", "grpo", "--steps", "1"]);
+    assert_eq!(code(&o), 2);
+    assert!(stderr(&o).contains("--steps: at least 2"), "{}", stderr(&o));
+    let o = launcher(&["bench", "grpo", "--recipe", "configs/multistep-slca.toml", "--cache", cache.to_str().unwrap()]);
+    assert_eq!(code(&o), 2);
+    assert!(stderr(&o).contains("compares GRPO"), "{}", stderr(&o));
+}

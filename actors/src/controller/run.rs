@@ -652,6 +652,38 @@ struct StepFacts<'a> {
     gen_tok_s: f64,
     max_stale: u64,
     seconds: f64,
+    phases: &'a StepPhases,
+}
+
+/// Where the wall time between two RL step records went. Phases overlap when
+/// the mode lets generation run ahead of training, so they may sum to more
+/// than `step_seconds`.
+#[derive(Clone, Copy, Debug, Default)]
+struct StepPhases {
+    /// Wall seconds since the previous step's record (the first step: since the RL loop began).
+    step_seconds: f64,
+    /// Tokens the policy generated in the rollout answers received in that time.
+    generated_tokens: usize,
+    /// Rollout seconds outside tools (prefill and decode), summed over the answers.
+    generate: f64,
+    /// Rollout seconds executing tools and appending their results.
+    tools: f64,
+    /// Scoring the groups in this process (0 when a reward process scored them on their way).
+    reward: f64,
+    /// Advantages and the learner's step.
+    train: f64,
+    /// Publishing the new version (the wait `up` sees; finished background syncs are in `weight_sync_seconds`).
+    sync: f64,
+}
+
+impl StepPhases {
+    fn record(&self, row: &mut Value) {
+        row["step_seconds"] = json!(self.step_seconds);
+        row["generated_tokens"] = json!(self.generated_tokens);
+        for (k, v) in [("generate", self.generate), ("tools", self.tools), ("reward", self.reward), ("train", self.train), ("sync", self.sync)] {
+            row[format!("phase/{k}_seconds")] = json!(v);
+        }
+    }
 }
 
 /// One RL step's `metrics.jsonl` row (reward and its components, the rollout
@@ -665,6 +697,7 @@ fn step_record(metrics: &Metrics, recipe: &Recipe, s: &StepFacts<'_>) -> Value {
         "clip_fraction": stats.clip_fraction, "grad_norm": stats.grad_norm, "learner_tokens_per_s": stats.tokens_per_s,
         "tokens_per_s": s.gen_tok_s, "staleness_max": s.max_stale, "groups_trained": admitted.len(), "seconds": s.seconds,
     });
+    s.phases.record(&mut row);
     for (k, v) in f.as_object().expect("object") {
         row[k] = v.clone();
     }
@@ -1043,6 +1076,8 @@ pub async fn run(opts: RunOptions) -> Result<Summary, RunError> {
     let mut gen_seconds = 0.0f64;
     let mut publishes: JoinSet<Result<f64, String>> = JoinSet::new();
     let (rl_start, rl_first) = (Instant::now(), step);
+    let mut phases = StepPhases::default();
+    let mut last_record = rl_start;
     progress.bar("rl", steps, step);
     // SIGTERM is looked at after every answer from a rollout actor, not only
     // after a trained step: a loop whose groups all go stale still stops.
@@ -1075,8 +1110,13 @@ pub async fn run(opts: RunOptions) -> Result<Summary, RunError> {
             Ok(res) => {
                 gen_tokens += res.generated_tokens;
                 gen_seconds += res.seconds;
+                phases.generated_tokens += res.generated_tokens;
+                phases.generate += res.seconds - res.tool_seconds;
+                phases.tools += res.tool_seconds;
                 metrics.generated_tokens_total.with_label_values(&["rollout"]).inc_by(res.generated_tokens as u64);
+                let scoring = Instant::now();
                 let scored = driver.score(res).await?;
+                phases.reward += scoring.elapsed().as_secs_f64();
                 for g in &scored {
                     ledger.scored(g.group.group_id)?;
                 }
@@ -1093,6 +1133,7 @@ pub async fn run(opts: RunOptions) -> Result<Summary, RunError> {
             if admitted.is_empty() {
                 continue;
             }
+            let training = Instant::now();
             let tb = train_batch(&admitted, &estimator).map_err(|e| RunError::Actor { actor: "controller", message: format!("advantages: {e}") })?;
             if let Some(log) = batches_log.as_mut() {
                 log.write(&batch_record(step + 1, &admitted, &tb))?;
@@ -1100,6 +1141,7 @@ pub async fn run(opts: RunOptions) -> Result<Summary, RunError> {
             let stats: StepStats = ractor::call!(driver.learner, LearnerMsg::Train, tb)
                 .map_err(|e| RunError::Actor { actor: "learner", message: e.to_string() })?
                 .map_err(actor_err("learner"))?;
+            phases.train += training.elapsed().as_secs_f64();
             step += 1;
             for g in &admitted {
                 ledger.trained(g.group.group_id, step)?;
@@ -1109,9 +1151,11 @@ pub async fn run(opts: RunOptions) -> Result<Summary, RunError> {
                 }
             }
             version += 1;
+            let syncing = Instant::now();
             if let Some(acks) = driver.publish(version, mode == Mode::Sync).await? {
                 publishes.spawn(async move { acks.await.map_err(|e| e.to_string())? });
             }
+            phases.sync += syncing.elapsed().as_secs_f64();
             while let Some(done) = publishes.try_join_next() {
                 match done {
                     Ok(Ok(secs)) => metrics.weight_sync_seconds.observe(secs),
@@ -1120,7 +1164,11 @@ pub async fn run(opts: RunOptions) -> Result<Summary, RunError> {
                 }
             }
             let gen_tok_s = if gen_seconds > 0.0 { gen_tokens as f64 / gen_seconds } else { 0.0 };
-            let row = step_record(&metrics, &recipe, &StepFacts { step, version, stats: &stats, admitted: &admitted, gen_tok_s, max_stale, seconds: t0.elapsed().as_secs_f64() });
+            phases.step_seconds = last_record.elapsed().as_secs_f64();
+            last_record = Instant::now();
+            let facts = StepFacts { step, version, stats: &stats, admitted: &admitted, gen_tok_s, max_stale, seconds: t0.elapsed().as_secs_f64(), phases: &phases };
+            let row = step_record(&metrics, &recipe, &facts);
+            phases = StepPhases::default();
             let (reward_mean, f) = (row["reward_mean"].as_f64().unwrap_or(0.0), &row);
             metrics_log.write(&row)?;
             if step % recipe.rl.checkpoint_every == 0 && step < steps {

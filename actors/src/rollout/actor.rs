@@ -1,6 +1,6 @@
 //! The rollout actor: a policy copy on its own device thread, answering
 //! generation requests with groups of trajectories and loading new versions.
-use super::{rollout_groups, RolloutConfig};
+use super::{rollout_groups_timed, RolloutConfig};
 use crate::device::DeviceThread;
 use crate::weight_sync::{apply, WeightAck, WeightUpdate};
 use ractor::{Actor, ActorProcessingErr, ActorRef, RpcReplyPort};
@@ -45,6 +45,9 @@ pub struct RolloutResult {
     pub generated_tokens: usize,
     /// Wall seconds.
     pub seconds: f64,
+    /// Of those, seconds spent executing tools and appending their results.
+    #[serde(default)]
+    pub tool_seconds: f64,
     /// The groups scored on their way to the controller (a reward process
     /// scored them; `groups` is then empty); `None`: not scored yet.
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -135,9 +138,10 @@ impl Actor for RolloutActor {
                     .device
                     .run(move |d| -> Result<RolloutResult, String> {
                         let t = std::time::Instant::now();
-                        let groups = rollout_groups(&d.model, &d.tokenizer, &d.registry, &req.groups, &cfg, d.version, req.seed).map_err(|e| e.to_string())?;
+                        let (groups, timing) = rollout_groups_timed(&d.model, &d.tokenizer, &d.registry, &req.groups, &cfg, d.version, req.seed).map_err(|e| e.to_string())?;
                         let generated_tokens = groups.iter().flat_map(|g| &g.trajectories).map(|t| t.policy_tokens()).sum();
-                        Ok(RolloutResult { groups, version: d.version, generated_tokens, seconds: t.elapsed().as_secs_f64(), scored: None })
+                        let seconds = t.elapsed().as_secs_f64();
+                        Ok(RolloutResult { groups, version: d.version, generated_tokens, seconds, tool_seconds: timing.tools_seconds, scored: None })
                     })
                     .await?;
                 let _ = reply.send(out);

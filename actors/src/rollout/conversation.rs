@@ -39,6 +39,11 @@ fn to_values(messages: &[Message]) -> impl Iterator<Item = Value> + '_ {
 
 impl Conversation {
     /// Opens the tools of a rollout on `task` and renders its prompt.
+    /// The rendered prompt (chat template, tool schemas, generation prompt).
+    pub(super) fn rendered_prompt(&self) -> &str {
+        &self.rendered_prompt
+    }
+
     pub(super) fn open(
         tokenizer: &Tokenizer,
         registry: &ToolRegistry,

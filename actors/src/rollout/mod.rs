@@ -44,7 +44,7 @@ mod conversation;
 mod tool_loop;
 
 pub mod actor;
-pub use tool_loop::{chat, rollout_groups};
+pub use tool_loop::{chat, prompt_text, rollout_groups, rollout_groups_timed, ToolLoopTiming};
 
 use rlmesh_model::{ModelError, SamplingParams};
 use serde::{Deserialize, Serialize};

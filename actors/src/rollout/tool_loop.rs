@@ -16,12 +16,35 @@ pub fn rollout_groups(
     version: u64,
     seed: u64,
 ) -> Result<Vec<Group>, RolloutError> {
+    rollout_groups_timed(model, tokenizer, registry, tasks, cfg, version, seed).map(|(groups, _)| groups)
+}
+
+/// Wall seconds a tool loop spent outside generation.
+#[derive(Clone, Copy, Debug, Default, PartialEq)]
+pub struct ToolLoopTiming {
+    /// Executing tool calls and appending their results to the contexts (the
+    /// rollouts of a turn side by side, so this is wall time, not the calls' sum).
+    pub tools_seconds: f64,
+}
+
+/// [`rollout_groups`], also returning where the wall time went.
+pub fn rollout_groups_timed(
+    model: &Transformer,
+    tokenizer: &Tokenizer,
+    registry: &ToolRegistry,
+    tasks: &[(u64, Task)],
+    cfg: &RolloutConfig,
+    version: u64,
+    seed: u64,
+) -> Result<(Vec<Group>, ToolLoopTiming), RolloutError> {
     let all: Vec<&Task> = tasks.iter().map(|(_, t)| t).collect();
-    let mut trajectories = rollouts(model, tokenizer, registry, &all, cfg, version, seed)?.into_iter();
-    Ok(tasks
+    let mut timing = ToolLoopTiming::default();
+    let mut trajectories = rollouts(model, tokenizer, registry, &all, cfg, version, seed, &mut timing)?.into_iter();
+    let groups = tasks
         .iter()
         .map(|(group_id, task)| Group { group_id: *group_id, task: task.clone(), trajectories: trajectories.by_ref().take(cfg.group_size).collect() })
-        .collect())
+        .collect();
+    Ok((groups, timing))
 }
 
 /// Runs the tool loop once on a user prompt (what `launcher chat` shows),
@@ -45,11 +68,19 @@ pub fn chat(
         env_state: None,
     };
     let cfg = RolloutConfig { group_size: 1, ..cfg.clone() };
-    let mut out = rollouts(model, tokenizer, registry, &[&task], &cfg, 0, seed)?;
+    let mut out = rollouts(model, tokenizer, registry, &[&task], &cfg, 0, seed, &mut ToolLoopTiming::default())?;
     Ok(out.pop().expect("one task with group size 1 gives one trajectory"))
 }
 
-/// `cfg.group_size` rollouts of each task, task-major.
+/// The text a rollout of `task` starts from: the chat template over the
+/// user prompt (and its environment's observation) with the session's tool
+/// schemas and the generation prompt, exactly as the tool loop renders it.
+pub fn prompt_text(tokenizer: &Tokenizer, registry: &ToolRegistry, task: &Task, system_prompt: Option<&str>) -> Result<String, RolloutError> {
+    Ok(Conversation::open(tokenizer, registry, task, 0, system_prompt)?.rendered_prompt().to_string())
+}
+
+/// `cfg.group_size` rollouts of each task, task-major; the time spent on tools is added to `timing`.
+#[allow(clippy::too_many_arguments)]
 fn rollouts(
     model: &Transformer,
     tokenizer: &Tokenizer,
@@ -58,6 +89,7 @@ fn rollouts(
     cfg: &RolloutConfig,
     version: u64,
     seed: u64,
+    timing: &mut ToolLoopTiming,
 ) -> Result<Vec<Trajectory>, RolloutError> {
     cfg.validate()?;
     let stop_ids = match cfg.sampling.stop_token_ids.is_empty() {
@@ -101,6 +133,7 @@ fn rollouts(
         for (&(i, limit), completion) in live.iter().zip(completions) {
             pending[i] = convs[i].record_turn(completion, limit, version, tokenizer)?;
         }
+        let tools = std::time::Instant::now();
         let steps = execute_concurrently(&mut convs, pending);
         for (c, steps) in convs.iter_mut().zip(steps) {
             if let Some(steps) = steps {
@@ -108,6 +141,7 @@ fn rollouts(
                 c.append_results(steps, tokenizer, &stop_ids, cfg.max_turns, room)?;
             }
         }
+        timing.tools_seconds += tools.elapsed().as_secs_f64();
     }
     convs.into_iter().map(|c| c.finish(tokenizer)).collect()
 }

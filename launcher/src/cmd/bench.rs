@@ -30,6 +30,8 @@ enum Bench {
     WeightSync(WeightSyncArgs),
     /// RL-phase steps/s of one recipe on local (one process) vs local-procs (six), in alternating rounds.
     Pipeline(super::bench_pipeline::PipelineArgs),
+    /// Whole RL steps of one recipe vs TRL's GRPOTrainer on the same work (weights, prompts, tools, reward), in alternating rounds.
+    Grpo(super::bench_grpo::GrpoArgs),
 }
 
 #[derive(Args)]
@@ -134,6 +136,7 @@ pub fn run(a: BenchArgs) -> CliResult {
         Bench::Allreduce(r) => allreduce(r),
         Bench::WeightSync(w) => weight_sync(w),
         Bench::Pipeline(p) => super::bench_pipeline::pipeline(p),
+        Bench::Grpo(g) => super::bench_grpo::grpo(g),
     }
 }
 

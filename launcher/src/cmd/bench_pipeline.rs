@@ -60,11 +60,16 @@ fn one_run(a: &PipelineArgs, topology: &Path, run: &Path) -> CliResult<f64> {
         .status()
         .usage("starting launcher up")?;
     if !out.success() {
-        let tail = std::fs::read_to_string(&log).unwrap_or_default();
-        let last: Vec<&str> = tail.lines().rev().take(8).collect();
-        return Err(anyhow::anyhow!("{}: launcher up failed ({out}); the end of {}:\n{}", topology.display(), log.display(), last.into_iter().rev().collect::<Vec<_>>().join("\n")).into());
+        return Err(failed_up(&topology.display().to_string(), out, &log));
     }
     steps_per_s(run)
+}
+
+/// A failed `launcher up` child: its exit status and the last lines of its log.
+pub(crate) fn failed_up(what: &str, status: std::process::ExitStatus, log: &Path) -> CliError {
+    let text = std::fs::read_to_string(log).unwrap_or_default();
+    let last: Vec<&str> = text.lines().rev().take(8).collect();
+    anyhow::anyhow!("{what}: launcher up failed ({status}); the end of {}:\n{}", log.display(), last.into_iter().rev().collect::<Vec<_>>().join("\n")).into()
 }
 
 /// `launcher bench pipeline`.

@@ -1,5 +1,6 @@
 //! One module per group of subcommands.
 pub mod bench;
+pub mod bench_grpo;
 pub mod bench_pipeline;
 pub mod chat;
 pub mod inspect;
