@@ -28,7 +28,7 @@ use crate::buffer::DType;
 use crate::collective::ReduceOp;
 use crate::error::{CommError, Result};
 pub use crate::testing::WorkerCommand;
-use crate::testing::{free_loopback_addr, run_ranks};
+use crate::testing::{free_loopback_addr, run_ranks_env};
 use crate::worker::{WorkerArgs, WorkerOp, WorkerReport};
 
 const MIB: usize = 1 << 20;
@@ -177,14 +177,14 @@ impl WeightSyncReport {
 /// Runs `world` worker processes with `edit` applied to each rank's arguments and collects their reports.
 fn run_reports(cfg: &BenchConfig, world: usize, what: &str, edit: impl Fn(&mut WorkerArgs)) -> Result<Vec<WorkerReport>> {
     let addr = free_loopback_addr();
-    let outs = run_ranks(&cfg.worker, world, cfg.deadline, |rank| {
+    let outs = run_ranks_env(&cfg.worker, world, cfg.deadline, |rank| {
         let mut a = WorkerArgs::new(rank, world, addr.clone());
         a.iters = cfg.iters;
         a.warmup = cfg.warmup;
         a.block_bytes = cfg.block_bytes;
         a.json = true;
         edit(&mut a);
-        a.to_args()
+        (a.to_args(), a.env())
     })?;
     let mut reports: Vec<WorkerReport> = Vec::new();
     for o in &outs {

@@ -85,12 +85,25 @@ pub fn free_loopback_addr() -> String {
 /// Spawns one worker per rank with `args_for(rank)`, waits for all of them,
 /// and kills any still running at `deadline` after the start.
 pub fn run_ranks(cmd: &WorkerCommand, world: usize, deadline: Duration, args_for: impl Fn(usize) -> Vec<String>) -> Result<Vec<RankOutput>> {
+    run_ranks_env(cmd, world, deadline, |rank| (args_for(rank), vec![]))
+}
+
+/// [`run_ranks`] where `args_for(rank)` also gives environment variables to
+/// set (a cookie, which must not be on a command line).
+pub fn run_ranks_env(
+    cmd: &WorkerCommand,
+    world: usize,
+    deadline: Duration,
+    args_for: impl Fn(usize) -> (Vec<String>, Vec<(&'static str, String)>),
+) -> Result<Vec<RankOutput>> {
     let start = Instant::now();
     let mut children: Vec<(usize, Child)> = Vec::with_capacity(world);
     for rank in 0..world {
+        let (args, env) = args_for(rank);
         let child = Command::new(&cmd.program)
             .args(&cmd.prefix)
-            .args(args_for(rank))
+            .args(args)
+            .envs(env)
             .stdin(Stdio::null())
             .stdout(Stdio::piped())
             .stderr(Stdio::piped())

@@ -22,12 +22,15 @@
 //! | `--slices a,b,c` | slice lengths for `bucketed` (a fixed list of odd sizes) |
 //! | `--bucket-bytes B` | bucket size for `bucketed` (25 MiB) |
 //! | `--block-bytes B` | ring pipelining block (256 KiB) |
-//! | `--cookie S` | shared cookie (`$RLMESH_COMM_COOKIE` or "rlmesh") |
 //! | `--timeout-ms T`, `--connect-timeout-ms T` | bound on each wait for a peer (60000) and on the rendezvous (60000) |
 //! | `--out FILE` | write the final result bytes (little-endian) to FILE |
 //! | `--json` | print a [`WorkerReport`] as one JSON line on stdout |
 //! | `--random` | use [`random_value`] data (full-mantissa floats, so sums round and the ranks' bit-identity is meaningful) |
 //! | `--die-after K`, `--stall-after K` | failure injection for tests: exit abruptly, or stop responding for twice the timeout, before iteration K |
+//!
+//! The shared cookie comes from `$RLMESH_COMM_COOKIE` (default "rlmesh"), never
+//! from a flag: a command line is readable by every user of the host (`ps`).
+//! [`WorkerArgs::env`] gives the variable to set on a spawned worker.
 //!
 //! Test data: element `i` of rank `r` is [`pattern`]`(r, i)` = `(i mod 17) + 20·r`
 //! (small integers, so sums are exact in f32, f64 and bf16 for up to 4 ranks),
@@ -212,7 +215,7 @@ impl WorkerArgs {
                 }
                 "--bucket-bytes" => a.bucket_bytes = num(&flag, it.next())?,
                 "--block-bytes" => a.block_bytes = num(&flag, it.next())?,
-                "--cookie" => a.cookie = num(&flag, it.next())?,
+                "--cookie" => return Err(CommError::Usage("--cookie: not a flag (every user of the host can read a command line); set RLMESH_COMM_COOKIE".into())),
                 "--timeout-ms" => a.timeout = Duration::from_millis(num(&flag, it.next())?),
                 "--connect-timeout-ms" => a.connect_timeout = Duration::from_millis(num(&flag, it.next())?),
                 "--out" => a.out = Some(PathBuf::from(num::<String>(&flag, it.next())?)),
@@ -235,7 +238,12 @@ impl WorkerArgs {
         Ok(a)
     }
 
-    /// The flags that reproduce these arguments (for spawning a worker).
+    /// The environment a spawned worker needs besides [`Self::to_args`]: the cookie.
+    pub fn env(&self) -> Vec<(&'static str, String)> {
+        vec![(crate::cpu::COOKIE_ENV, self.cookie.clone())]
+    }
+
+    /// The flags that reproduce these arguments, the cookie aside ([`Self::env`]), for spawning a worker.
     pub fn to_args(&self) -> Vec<String> {
         let mut v: Vec<String> = vec![
             "--rank".into(),
@@ -262,8 +270,6 @@ impl WorkerArgs {
             self.bucket_bytes.to_string(),
             "--block-bytes".into(),
             self.block_bytes.to_string(),
-            "--cookie".into(),
-            self.cookie.clone(),
             "--timeout-ms".into(),
             self.timeout.as_millis().to_string(),
             "--connect-timeout-ms".into(),

@@ -124,3 +124,18 @@ fn mismatched_calls_are_reported_not_mixed_up() {
     assert!(run.outputs.iter().all(|o| !o.success()));
     assert!(all_err.contains("collective mismatch") && all_err.contains("all_reduce of 200 f32"), "{all_err}");
 }
+
+/// The cookie never travels on a command line (every user of the host reads
+/// those): the flag is refused, naming the variable to use instead.
+#[test]
+fn a_cookie_flag_is_refused_for_the_environment_variable() {
+    let outs = run_ranks(&common::worker(), 1, common::DEADLINE, |_| {
+        let mut v = WorkerArgs::new(0, 1, free_loopback_addr()).to_args();
+        v.extend(["--cookie".to_string(), "s3cret".to_string()]);
+        v
+    })
+    .unwrap();
+    assert!(!outs[0].success());
+    assert!(outs[0].stderr.contains("RLMESH_COMM_COOKIE"), "{}", outs[0].stderr);
+    assert!(!WorkerArgs::new(0, 1, "127.0.0.1:1").to_args().iter().any(|a| a.contains("cookie")));
+}

@@ -4,7 +4,7 @@
 use std::path::PathBuf;
 use std::time::Duration;
 
-use rlmesh_comm::testing::{free_loopback_addr, run_ranks, RankOutput, WorkerCommand};
+use rlmesh_comm::testing::{free_loopback_addr, run_ranks_env, RankOutput, WorkerCommand};
 use rlmesh_comm::worker::{WorkerArgs, WorkerOp};
 use rlmesh_comm::{Bf16, DType};
 
@@ -63,7 +63,7 @@ pub fn run_world(world: usize, edit: impl Fn(usize, &mut WorkerArgs)) -> Run {
     let dir = tempfile::tempdir().expect("temp dir");
     let addr = free_loopback_addr();
     let paths: Vec<PathBuf> = (0..world).map(|r| dir.path().join(format!("rank{r}.bin"))).collect();
-    let outputs = run_ranks(&worker(), world, DEADLINE, |rank| {
+    let outputs = run_ranks_env(&worker(), world, DEADLINE, |rank| {
         let mut a = WorkerArgs::new(rank, world, addr.clone());
         a.cookie = "test-cookie".into();
         a.timeout = Duration::from_secs(10);
@@ -72,7 +72,7 @@ pub fn run_world(world: usize, edit: impl Fn(usize, &mut WorkerArgs)) -> Run {
         a.check = true;
         a.out = Some(paths[rank].clone());
         edit(rank, &mut a);
-        a.to_args()
+        (a.to_args(), a.env())
     })
     .expect("spawn workers");
     let results = paths.iter().map(|p| std::fs::read(p).unwrap_or_default()).collect();
