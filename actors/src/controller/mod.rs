@@ -11,10 +11,14 @@
 //! - [`run_dir`] — a run directory's owner: the lock the live job holds.
 pub mod batch;
 pub mod discovery;
+mod driver;
 pub mod init;
 pub mod ledger;
 pub mod plan;
+mod progress;
 pub mod recipe;
+mod record;
+mod rl_loop;
 pub mod source;
 pub mod run;
 pub mod run_dir;

@@ -1,35 +1,34 @@
-//! The run driver: the controller's main loop.
+//! The run driver: set-up, warm-up, RL and the final evaluation of one run.
 //!
 //! It creates (or loads) the policy, warms it up with SFT on noisy expert
 //! trajectories, spawns the actors (rollout under a supervisor, reward,
-//! learner, weight-sync), then trains with GRPO: rollout requests go out ahead
-//! of the learner by the mode's bound (`sync` 0, `one_step_off` 1, `async` k),
-//! scored groups pass the staleness gate, the learner steps, and each new
-//! version is published to the rollout actors. Every group's life is in the
-//! ledger. At the end the policy is evaluated greedily on held-out tasks and
-//! `summary.json` is written.
+//! learner, weight-sync) or hosts them in the fleet's processes, evaluates the
+//! warmed-up policy, runs the RL phase ([`super::rl_loop`]), and at the end
+//! evaluates the policy greedily on held-out tasks and writes `summary.json`.
 use super::init::{build_task_tokenizer, create_tiny_model, InitError};
 use super::ledger::{Event, Ledger, LedgerError, LEDGER_FILE};
 use super::recipe::Recipe;
 use super::run_dir::{LockError, RunDirLock};
-use super::staleness::{Admission, Gate, Mode};
 use super::status::RunStatus;
 use super::supervisor::{RolloutSlots, RolloutSupervisor, SupervisorArgs};
 use crate::learner::actor::{LearnerActor, LearnerArgs, LearnerMsg};
-use super::batch::{train_batch, Advantages};
+use super::driver::Driver;
+use super::rl_loop::{RlContext, RlLoop};
+use super::progress::{eta, stop_on_sigterm, Progress};
+use super::record::figures;
 use super::warm_start;
 use super::recipe::{EstimatorKind, JudgeName};
 use crate::learner::{
-    AdamWConfig, CheckpointMeta, ClipParams, GaeConfig, KlCoef, KlConfig, KlEstimator, KlPlacement, LearnerConfig, LrSchedule, SftBatch, SftSequence, StepStats, TrainBatch, ValueConfig,
+    AdamWConfig, CheckpointMeta, ClipParams, GaeConfig, KlCoef, KlConfig, KlEstimator, KlPlacement, LearnerConfig, LrSchedule, SftBatch, SftSequence, StepStats, ValueConfig,
 };
 use crate::metrics::{serve, Metrics};
-use crate::node::fleet::{Fleet, FleetSpec, Publisher, RoleSetup};
+use crate::node::fleet::{Fleet, FleetSpec, RoleSetup};
 use crate::node::wire::RolloutSetup;
-use crate::reward::{JudgeSpec, RewardActor, RewardMsg, RewardSpec, ScoredGroup};
-use crate::rollout::actor::{Purpose, RolloutArgs, RolloutMsg, RolloutRequest, RolloutResult};
+use crate::reward::{JudgeSpec, RewardActor, RewardSpec};
+use crate::rollout::actor::{RolloutArgs, RolloutMsg};
 use crate::rollout::RolloutConfig;
 use crate::warmup::{expert_example, pick_strategy};
-use crate::weight_sync::{WeightSync, WeightSyncMsg, WeightUpdate};
+use crate::weight_sync::WeightSync;
 use ractor::{Actor, ActorRef};
 use rlmesh_core::tools::{ExecLimits, ToolRegistry};
 use rlmesh_core::Task;
@@ -42,7 +41,6 @@ use std::path::{Path, PathBuf};
 use std::sync::atomic::AtomicU64;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
-use tokio::task::JoinSet;
 
 /// What to run.
 pub struct RunOptions {
@@ -77,7 +75,7 @@ pub struct RunOptions {
 }
 
 /// Write `status.json` (read by `launcher status` / `launcher down`) at `phase`, `step`, `version`.
-fn write_status(status: &mut RunStatus, dir: &Path, phase: &str, step: u64, version: u64, fleet: Option<&Fleet>) {
+pub(super) fn write_status(status: &mut RunStatus, dir: &Path, phase: &str, step: u64, version: u64, fleet: Option<&Fleet>) {
     if let Some(f) = fleet {
         status.processes.truncate(1);
         status.processes.extend(f.entries(version));
@@ -183,7 +181,7 @@ fn io(path: &Path) -> impl FnOnce(std::io::Error) -> RunError + '_ {
     move |source| RunError::Io { path: path.to_path_buf(), source }
 }
 
-fn actor_err(actor: &'static str) -> impl Fn(String) -> RunError {
+pub(super) fn actor_err(actor: &'static str) -> impl Fn(String) -> RunError {
     move |message| RunError::Actor { actor, message }
 }
 
@@ -196,11 +194,11 @@ fn mix(state: &mut u64) -> u64 {
     z ^ (z >> 31)
 }
 
-struct Jsonl(std::fs::File, PathBuf, usize);
+pub(super) struct Jsonl(std::fs::File, PathBuf, usize);
 
 impl Jsonl {
     /// Opens `path` keeping only its first `rows` lines (what a checkpoint had seen).
-    fn resume(path: PathBuf, rows: usize) -> Result<Jsonl, RunError> {
+    pub(super) fn resume(path: PathBuf, rows: usize) -> Result<Jsonl, RunError> {
         let text = std::fs::read_to_string(&path).unwrap_or_default();
         let keep: usize = text.split_inclusive('\n').take(rows).map(str::len).sum();
         let f = std::fs::OpenOptions::new().create(true).append(true).open(&path).map_err(io(&path))?;
@@ -208,7 +206,7 @@ impl Jsonl {
         let kept = text[..keep].lines().count();
         Ok(Jsonl(f, path, kept))
     }
-    fn write(&mut self, v: &impl Serialize) -> Result<(), RunError> {
+    pub(super) fn write(&mut self, v: &impl Serialize) -> Result<(), RunError> {
         let line = serde_json::to_string(v).expect("rows serialise");
         self.2 += 1;
         writeln!(self.0, "{line}").map_err(io(&self.1))
@@ -220,14 +218,14 @@ impl Jsonl {
 
 /// Where a resumed run picks up: the pipeline's record in a checkpoint.
 #[derive(Clone, Debug, Default, Serialize, Deserialize)]
-struct Cursor {
+pub(super) struct Cursor {
     /// RL steps trained.
-    step: u64,
+    pub(super) step: u64,
     /// Next training task (equal to the next group id).
     train_cursor: usize,
     /// Rows in `metrics.jsonl` and `rollouts.jsonl` at the checkpoint.
-    metrics_rows: usize,
-    rollouts_rows: usize,
+    pub(super) metrics_rows: usize,
+    pub(super) rollouts_rows: usize,
     /// The held-out figures measured after the warm-up (greedy, sampled).
     after_warmup: Value,
     after_warmup_sampled: Value,
@@ -236,12 +234,12 @@ struct Cursor {
     groups_trained: Option<usize>,
     /// Wall seconds of the run up to the checkpoint, over all its processes.
     #[serde(default)]
-    wall_seconds: f64,
+    pub(super) wall_seconds: f64,
 }
 
 impl Cursor {
     #[allow(clippy::too_many_arguments)]
-    fn at(step: u64, train_cursor: usize, metrics: &Jsonl, rollouts: &Jsonl, after_warmup: &Value, after_warmup_sampled: &Value, ledger: &Ledger, wall_seconds: f64) -> Cursor {
+    pub(super) fn at(step: u64, train_cursor: usize, metrics: &Jsonl, rollouts: &Jsonl, after_warmup: &Value, after_warmup_sampled: &Value, ledger: &Ledger, wall_seconds: f64) -> Cursor {
         Cursor {
             step,
             train_cursor,
@@ -255,46 +253,11 @@ impl Cursor {
     }
 }
 
-async fn checkpoint(learner: &ActorRef<LearnerMsg>, dir: &Path, version: u64, cursor: &Cursor) -> Result<PathBuf, RunError> {
+pub(super) async fn checkpoint(learner: &ActorRef<LearnerMsg>, dir: &Path, version: u64, cursor: &Cursor) -> Result<PathBuf, RunError> {
     let meta = CheckpointMeta { policy_version: version, data_cursor: serde_json::to_value(cursor).expect("json") };
     ractor::call!(learner, LearnerMsg::Checkpoint, dir.join("checkpoints"), meta)
         .map_err(|e| RunError::Actor { actor: "learner", message: e.to_string() })?
         .map_err(actor_err("learner"))
-}
-
-/// Figures over a set of scored groups.
-fn figures(groups: &[ScoredGroup]) -> Value {
-    let (mut n, mut ok, mut fin, mut rep, mut tool_tasks, mut tool_called, mut plain, mut unnec) = (0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0);
-    for g in groups {
-        for s in &g.scores {
-            let o = s.outcome;
-            n += 1.0;
-            ok += o.success as u8 as f64;
-            fin += o.final_correct as u8 as f64;
-            rep += o.repeated_call as u8 as f64;
-            if g.group.task.requires_tool {
-                tool_tasks += 1.0;
-                tool_called += o.called_tool as u8 as f64;
-            } else {
-                plain += 1.0;
-                unnec += o.unnecessary_tool as u8 as f64;
-            }
-        }
-    }
-    let r = |a: f64, b: f64| if b > 0.0 { a / b } else { 0.0 };
-    // On tool tasks: the gold steps made right in place, and the judged summary (SLCA's q).
-    let (mut step_acc, mut summary) = (0.0, 0.0);
-    for g in groups.iter().filter(|g| g.group.task.requires_tool) {
-        for (t, s) in g.group.trajectories.iter().zip(&g.scores) {
-            step_acc += rlmesh_core::analysis::step_call_accuracy(&g.group.task, t).unwrap_or(0.0);
-            summary += s.segments.summary;
-        }
-    }
-    json!({
-        "rollouts": n, "trajectory_success": r(ok, n), "final_answer_accuracy": r(fin, n), "repeated_call_rate": r(rep, n),
-        "tool_call_rate": r(tool_called, tool_tasks), "unnecessary_tool_rate": r(unnec, plain),
-        "step_call_accuracy": r(step_acc, tool_tasks), "summary_score": r(summary, tool_tasks),
-    })
 }
 
 fn rl_learner_config(recipe: &Recipe) -> LearnerConfig {
@@ -328,124 +291,6 @@ fn value_head(recipe: &Recipe) -> Option<ValueConfig> {
     (recipe.estimator.name == EstimatorKind::Steptool).then(ValueConfig::default)
 }
 
-/// `RUN_DIR/batches.jsonl` (with `--record-batches`): per RL step, each
-/// sequence's loss mask and the per-token advantages (or, for `steptool`, the
-/// per-token rewards) the learner was sent.
-fn batch_record(step: u64, groups: &[ScoredGroup], batch: &TrainBatch) -> Value {
-    let ids = groups.iter().flat_map(|g| g.group.trajectories.iter().map(move |t| (g.group.group_id, t.sample_index)));
-    let sequences: Vec<Value> = ids
-        .zip(&batch.sequences)
-        .map(|((group, sample), s)| json!({"group": group, "sample": sample, "loss_mask": s.loss_mask, "advantages": s.advantages, "rewards": s.rewards}))
-        .collect();
-    json!({"step": step, "sequences": sequences})
-}
-
-/// Progress of the job: lines on stderr and in `RUN_DIR/progress.log` (logs and
-/// Slurm read files), at least every [`Progress::EVERY`] during long phases, and
-/// on a terminal a live bar with the step, the figures and the ETA.
-struct Progress {
-    on: bool,
-    start: Instant,
-    log: Mutex<Option<std::fs::File>>,
-    last: Mutex<Instant>,
-    bar: Mutex<Option<indicatif::ProgressBar>>,
-}
-
-impl Progress {
-    /// The longest gap between two lines in a long phase.
-    const EVERY: Duration = Duration::from_secs(30);
-
-    fn new(on: bool, start: Instant) -> Progress {
-        Progress { on, start, log: Mutex::new(None), last: Mutex::new(start), bar: Mutex::new(None) }
-    }
-
-    /// From now on every line is also appended to `dir/progress.log`.
-    fn attach_log(&self, dir: &Path) {
-        let f = std::fs::OpenOptions::new().create(true).append(true).open(dir.join("progress.log")).ok();
-        *self.log.lock().expect("progress lock") = f;
-    }
-
-    fn line(&self, text: String) {
-        let line = format!("[{:>6.1}s] {text}", self.start.elapsed().as_secs_f64());
-        if self.on {
-            match self.bar.lock().expect("progress lock").as_ref() {
-                Some(bar) => bar.println(&line),
-                None => eprintln!("{line}"),
-            }
-        }
-        if let Some(f) = self.log.lock().expect("progress lock").as_mut() {
-            let _ = writeln!(f, "{line}");
-        }
-        *self.last.lock().expect("progress lock") = Instant::now();
-    }
-
-    /// Whether a long phase is due a line (none for [`Progress::EVERY`]).
-    fn due(&self) -> bool {
-        self.last.lock().expect("progress lock").elapsed() >= Self::EVERY
-    }
-
-    /// A live bar of `len` steps, on a terminal only.
-    fn bar(&self, prefix: &'static str, len: u64, pos: u64) {
-        use std::io::IsTerminal;
-        let mut bar = self.bar.lock().expect("progress lock");
-        if let Some(old) = bar.take() {
-            old.finish_and_clear();
-        }
-        if self.on && std::io::stderr().is_terminal() {
-            let b = indicatif::ProgressBar::new(len).with_position(pos).with_prefix(prefix);
-            if let Ok(style) = indicatif::ProgressStyle::with_template("{prefix:>6} [{bar:30}] {pos}/{len} {msg} · ETA {eta}") {
-                b.set_style(style.progress_chars("=> "));
-            }
-            *bar = Some(b);
-        }
-    }
-
-    /// Moves the bar (if any) to `pos` with `msg`.
-    fn tick(&self, pos: u64, msg: String) {
-        if let Some(b) = self.bar.lock().expect("progress lock").as_ref() {
-            b.set_position(pos);
-            b.set_message(msg);
-        }
-    }
-
-    fn finish_bar(&self) {
-        if let Some(b) = self.bar.lock().expect("progress lock").take() {
-            b.finish_and_clear();
-        }
-    }
-}
-
-/// Time left for `total` steps when `done` of them took `elapsed` ("?" before the first).
-fn eta(elapsed: Duration, done: u64, total: u64) -> String {
-    if done == 0 {
-        return "?".into();
-    }
-    let left = elapsed.as_secs_f64() / done as f64 * total.saturating_sub(done) as f64;
-    let s = left.round() as u64;
-    if s >= 3600 {
-        format!("{}h{:02}m", s / 3600, s / 60 % 60)
-    } else {
-        format!("{}m{:02}s", s / 60, s % 60)
-    }
-}
-
-/// SIGTERM (what `launcher down` sends) sets the returned flag; the driver
-/// checkpoints at the next step boundary and stops.
-fn stop_on_sigterm() -> Arc<std::sync::atomic::AtomicBool> {
-    let flag = Arc::new(std::sync::atomic::AtomicBool::new(false));
-    let f = flag.clone();
-    match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
-        Ok(mut sig) => {
-            tokio::spawn(async move {
-                if sig.recv().await.is_some() {
-                    f.store(true, std::sync::atomic::Ordering::SeqCst);
-                }
-            });
-        }
-        Err(e) => eprintln!("SIGTERM handler not installed ({e}): launcher down will end the job without a checkpoint"),
-    }
-    flag
-}
 
 /// A fresh run never appends to an earlier run's ledger and logs: a `dir` holding
 /// anything but its lock file and its Slurm submission (`slurm/`) is renamed to `<dir>.prev-<unix seconds>` (returned)
@@ -601,160 +446,6 @@ fn policy_dir(recipe: &Recipe, dir: &Path, resume: bool, tokenizer_dir: &Path, t
     create_tiny_model(&d, &tokenizer_dir, recipe.tiny_spec(), recipe.seed).map_err(setup)
 }
 
-/// The next request's `n` groups: those to send out again first (their work
-/// was lost), then new ones in task order; each is recorded in the ledger.
-fn next_groups(n: usize, retry: &mut VecDeque<(u64, Task)>, ledger: &mut Ledger, train: &[Task], cursor: &mut usize, version: u64, metrics: &Metrics) -> Result<Vec<(u64, Task)>, RunError> {
-    let mut groups = Vec::with_capacity(n);
-    while groups.len() < n {
-        if let Some(g) = retry.pop_front() {
-            ledger.redispatch(g.0, version)?;
-            metrics.groups_redispatched_total.inc();
-            groups.push(g);
-        } else {
-            let id = ledger.next_group_id();
-            ledger.dispatch(id, version)?;
-            metrics.groups_dispatched_total.inc();
-            groups.push((id, train[*cursor % train.len()].clone()));
-            *cursor += 1;
-        }
-    }
-    Ok(groups)
-}
-
-/// The groups of a batch the staleness gate lets the learner train on at
-/// `version`, and their largest staleness; the others are dropped in the ledger.
-fn admit(batch: Vec<ScoredGroup>, gate: &mut Gate, ledger: &mut Ledger, version: u64, metrics: &Metrics) -> Result<(Vec<ScoredGroup>, u64), RunError> {
-    let mut admitted = vec![];
-    let mut max_stale = 0u64;
-    for g in batch {
-        let v = g.group.trajectories.iter().filter_map(|t| t.min_version()).min().unwrap_or(version);
-        match gate.admit(v, version).map_err(|e| RunError::Actor { actor: "controller", message: e.to_string() })? {
-            Admission::Train { staleness } => {
-                max_stale = max_stale.max(staleness);
-                metrics.staleness.observe(staleness as f64);
-                admitted.push(g);
-            }
-            Admission::Stale { .. } => {
-                ledger.dropped(g.group.group_id, "stale")?;
-                metrics.groups_dropped_total.with_label_values(&["stale"]).inc();
-            }
-        }
-    }
-    Ok((admitted, max_stale))
-}
-
-/// What one RL step did, for its record.
-struct StepFacts<'a> {
-    step: u64,
-    version: u64,
-    stats: &'a StepStats,
-    admitted: &'a [ScoredGroup],
-    gen_tok_s: f64,
-    max_stale: u64,
-    seconds: f64,
-    phases: &'a StepPhases,
-}
-
-/// Where the wall time between two RL step records went. Phases overlap when
-/// the mode lets generation run ahead of training, so they may sum to more
-/// than `step_seconds`.
-#[derive(Clone, Copy, Debug, Default)]
-struct StepPhases {
-    /// Wall seconds since the previous step's record (the first step: since the RL loop began).
-    step_seconds: f64,
-    /// Tokens the policy generated in the rollout answers received in that time.
-    generated_tokens: usize,
-    /// Rollout seconds outside tools (prefill and decode), summed over the answers.
-    generate: f64,
-    /// Rollout seconds executing tools and appending their results.
-    tools: f64,
-    /// Scoring the groups in this process (0 when a reward process scored them on their way).
-    reward: f64,
-    /// Advantages and the learner's step.
-    train: f64,
-    /// Publishing the new version (the wait `up` sees; finished background syncs are in `weight_sync_seconds`).
-    sync: f64,
-}
-
-impl StepPhases {
-    fn record(&self, row: &mut Value) {
-        row["step_seconds"] = json!(self.step_seconds);
-        row["generated_tokens"] = json!(self.generated_tokens);
-        for (k, v) in [("generate", self.generate), ("tools", self.tools), ("reward", self.reward), ("train", self.train), ("sync", self.sync)] {
-            row[format!("phase/{k}_seconds")] = json!(v);
-        }
-    }
-}
-
-/// One RL step's `metrics.jsonl` row (reward and its components, the rollout
-/// figures, the learner's statistics), also set on the step's gauges.
-fn step_record(metrics: &Metrics, recipe: &Recipe, s: &StepFacts<'_>) -> Value {
-    let (stats, admitted) = (s.stats, s.admitted);
-    let f = figures(admitted);
-    let reward_mean = admitted.iter().flat_map(|g| g.scores.iter().map(|s| s.total)).sum::<f64>() / (admitted.len() * recipe.rl.group_size) as f64;
-    let mut row = json!({
-        "step": s.step, "version": s.version, "reward_mean": reward_mean, "loss": stats.loss, "kl": stats.kl, "entropy": stats.entropy,
-        "clip_fraction": stats.clip_fraction, "grad_norm": stats.grad_norm, "learner_tokens_per_s": stats.tokens_per_s,
-        "tokens_per_s": s.gen_tok_s, "staleness_max": s.max_stale, "groups_trained": admitted.len(), "seconds": s.seconds,
-    });
-    s.phases.record(&mut row);
-    for (k, v) in f.as_object().expect("object") {
-        row[k] = v.clone();
-    }
-    // What the judge cost: wall seconds of scoring per group, and failed judge calls.
-    let groups = admitted.len().max(1) as f64;
-    row["judge/seconds_per_group"] = json!(admitted.iter().map(|g| g.judge.seconds).sum::<f64>() / groups);
-    row["judge/calls"] = json!(admitted.iter().map(|g| g.judge.calls).sum::<u64>());
-    row["judge/failures"] = json!(admitted.iter().map(|g| g.judge.failures).sum::<u64>());
-    if let Some(v) = stats.value_loss {
-        row["value_loss"] = json!(v);
-    }
-    if let Some(b) = stats.kl_coef {
-        row["kl_coef"] = json!(b);
-    }
-    // The segment and step rewards, whatever the estimator trains on.
-    let segs: Vec<&rlmesh_core::reward::segments::SegmentScores> = admitted.iter().flat_map(|g| g.scores.iter().map(|s| &s.segments)).collect();
-    let n = segs.len().max(1) as f64;
-    row["segment/process"] = json!(segs.iter().map(|s| s.process).sum::<f64>() / n);
-    row["segment/summary"] = json!(segs.iter().map(|s| s.summary).sum::<f64>() / n);
-    let steps: Vec<f64> = segs.iter().flat_map(|s| s.step_rewards.iter().copied()).collect();
-    row["step_reward_mean"] = json!(steps.iter().sum::<f64>() / steps.len().max(1) as f64);
-    let mut comp: HashMap<String, (f64, f64)> = HashMap::new();
-    for t in admitted.iter().flat_map(|g| &g.scores) {
-        for (name, v) in &t.components {
-            if let Some(v) = v {
-                let e = comp.entry(name.clone()).or_default();
-                e.0 += v;
-                e.1 += 1.0;
-            }
-        }
-    }
-    for (name, (sum, n)) in &comp {
-        row[format!("reward/{name}")] = json!(sum / n);
-        metrics.reward_component.with_label_values(&[name]).set(sum / n);
-    }
-    let totals: Vec<f64> = admitted.iter().flat_map(|g| g.scores.iter().map(|s| s.total)).collect();
-    let function = format!("{:?}", recipe.reward).to_lowercase();
-    let rate = |k: &str| f[k].as_f64().unwrap_or(0.0);
-    metrics.reward_mean.with_label_values(&[&function]).set(reward_mean);
-    metrics.reward_std.with_label_values(&[&function]).set(rlmesh_core::reward::combine::nanstd(&totals));
-    metrics.trajectory_success.with_label_values(&["train"]).set(rate("trajectory_success"));
-    metrics.final_answer_accuracy.with_label_values(&["train"]).set(rate("final_answer_accuracy"));
-    metrics.tool_call_rate.with_label_values(&["train"]).set(rate("tool_call_rate"));
-    metrics.unnecessary_tool_rate.with_label_values(&["train"]).set(rate("unnecessary_tool_rate"));
-    metrics.repeated_call_rate.with_label_values(&["train"]).set(rate("repeated_call_rate"));
-    metrics.tokens_per_second.with_label_values(&["rollout"]).set(s.gen_tok_s);
-    metrics.tokens_per_second.with_label_values(&["learner"]).set(stats.tokens_per_s);
-    metrics.policy_version.with_label_values(&["learner"]).set(s.version as f64);
-    metrics.learner_step.set(s.step as f64);
-    metrics.learner_loss.set(stats.loss);
-    metrics.learner_kl.set(stats.kl.unwrap_or(0.0));
-    metrics.learner_entropy.set(stats.entropy);
-    metrics.learner_clip_fraction.set(stats.clip_fraction.unwrap_or(0.0));
-    metrics.learner_grad_norm.set(stats.grad_norm);
-    row
-}
-
 /// The SFT warm-up: `steps` batches of expert conversations (noisy strategies
 /// drawn with the recipe's mix), one learner step each.
 struct WarmUp<'a> {
@@ -814,6 +505,32 @@ impl WarmUp<'_> {
         progress.finish_bar();
         Ok(())
     }
+}
+
+/// The run's ledger, and on a resume the groups to send out again: training
+/// after the checkpoint `start` is lost with the process, so those groups and
+/// the ones that were out go out again (group id g is training task g).
+fn open_ledger(dir: &Path, start: Option<&Cursor>, train: &[Task], progress: &Progress) -> Result<(Ledger, VecDeque<(u64, Task)>), RunError> {
+    let mut ledger = Ledger::open(dir)?;
+    let mut retry = VecDeque::new();
+    let Some(start) = start else { return Ok((ledger, retry)) };
+    // The ledger is written before the checkpoint that counts it: one that has
+    // seen fewer groups than the checkpoint lost records, and resuming from it
+    // could train a group twice.
+    if (ledger.next_group_id() as usize) < start.train_cursor {
+        return Err(RunError::Refused(format!(
+            "--resume: {} records {} groups but the checkpoint saw {}: the ledger lost records, refusing to resume",
+            ledger.path().display(),
+            ledger.next_group_id(),
+            start.train_cursor
+        )));
+    }
+    ledger.rollback(start.step)?;
+    for g in ledger.in_flight() {
+        retry.push_back((g, train[g as usize % train.len()].clone()));
+    }
+    progress.line(format!("ledger: {} groups to send out again", retry.len()));
+    Ok((ledger, retry))
 }
 
 /// Run a recipe to the end; returns the summary (also written to `summary.json`).
@@ -1007,7 +724,7 @@ pub async fn run(opts: RunOptions) -> Result<Summary, RunError> {
         versions: HashMap::new(),
         next_actor: 0,
     };
-    let mut version = resumed.as_ref().map_or(0, |r| r.0);
+    let version = resumed.as_ref().map_or(0, |r| r.0);
     driver.publish(version, true).await?;
     let (after_warmup, after_warmup_sampled) = if let Some((_, c)) = &resumed {
         (c.after_warmup.clone(), c.after_warmup_sampled.clone())
@@ -1022,31 +739,9 @@ pub async fn run(opts: RunOptions) -> Result<Summary, RunError> {
     };
 
     // RL.
-    let mut ledger = Ledger::open(&dir)?;
     let start = resumed.as_ref().map(|r| r.1.clone()).unwrap_or_default();
-    // Wall seconds of the whole run: the processes before this one (to their last checkpoint) and this one.
-    let wall = |t0: &Instant| start.wall_seconds + t0.elapsed().as_secs_f64();
-    let mut retry: VecDeque<(u64, Task)> = VecDeque::new();
-    if resumed.is_some() {
-        // The ledger is written before the checkpoint that counts it: one that has
-        // seen fewer groups than the checkpoint lost records, and resuming from it
-        // could train a group twice.
-        if (ledger.next_group_id() as usize) < start.train_cursor {
-            return Err(RunError::Refused(format!(
-                "--resume: {} records {} groups but the checkpoint saw {}: the ledger lost records, refusing to resume",
-                ledger.path().display(),
-                ledger.next_group_id(),
-                start.train_cursor
-            )));
-        }
-        // Training after the checkpoint is lost with the process: those groups, and
-        // the ones that were out, go out again (group id g is training task g).
-        ledger.rollback(start.step)?;
-        for g in ledger.in_flight() {
-            retry.push_back((g, train[g as usize % train.len()].clone()));
-        }
-        progress.line(format!("ledger: {} groups to send out again", retry.len()));
-    } else {
+    let (ledger, retry) = open_ledger(&dir, resumed.is_some().then_some(&start), &train, &progress)?;
+    if resumed.is_none() {
         let c = Cursor { after_warmup: after_warmup.clone(), after_warmup_sampled: after_warmup_sampled.clone(), groups_trained: Some(0), wall_seconds: t0.elapsed().as_secs_f64(), ..Default::default() };
         let after = checkpoint(&driver.learner, &dir, version, &c).await?;
         if let (Some(s), false) = (&shared, reused) {
@@ -1056,180 +751,23 @@ pub async fn run(opts: RunOptions) -> Result<Summary, RunError> {
             }
         }
     }
-    let mode = recipe.mode();
-    let mut gate = Gate::new(mode);
-    let ahead = mode.max_staleness() as usize;
-    let gps = recipe.rl.groups_per_step;
-    let estimator = Advantages::of(&recipe);
-    let mut batches_log = match opts.record_batches {
-        true => Some(Jsonl::resume(dir.join("batches.jsonl"), usize::MAX)?),
-        false => None,
+    let cx = RlContext {
+        recipe: &recipe,
+        train: &train,
+        dir: &dir,
+        metrics: &metrics,
+        progress: &progress,
+        fleet: fleet.as_ref(),
+        stopping: &stopping,
+        steps,
+        after_warmup: &after_warmup,
+        after_warmup_sampled: &after_warmup_sampled,
+        earlier_seconds: start.wall_seconds,
+        t0,
     };
-    let mut metrics_log = Jsonl::resume(dir.join("metrics.jsonl"), start.metrics_rows)?;
-    let mut rollouts_log = Jsonl::resume(dir.join("rollouts.jsonl"), start.rollouts_rows)?;
-    let mut inflight: JoinSet<(Vec<(u64, Task)>, Result<RolloutResult, String>)> = JoinSet::new();
-    let mut ready: VecDeque<ScoredGroup> = VecDeque::new();
-    let mut cursor = ledger.next_group_id() as usize;
-    let mut step = start.step;
-    let mut dispatched_requests = 0u64;
-    let mut gen_tokens = 0usize;
-    let mut gen_seconds = 0.0f64;
-    let mut publishes: JoinSet<Result<f64, String>> = JoinSet::new();
-    let (rl_start, rl_first) = (Instant::now(), step);
-    let mut phases = StepPhases::default();
-    let mut last_record = rl_start;
-    progress.bar("rl", steps, step);
-    // SIGTERM is looked at after every answer from a rollout actor, not only
-    // after a trained step: a loop whose groups all go stale still stops.
-    let mut stopped = false;
-    'rl: while step < steps {
-        if stopping() {
-            stopped = true;
-            break 'rl;
-        }
-        // Keep the rollout actors `ahead` steps in front of the learner.
-        // Out or waiting, never more than the steps still to train (a stale or lost request is replaced).
-        let wanted = (1 + ahead).min((steps - step) as usize);
-        while inflight.len() + ready.len() / gps.max(1) < wanted {
-            let groups = next_groups(gps, &mut retry, &mut ledger, &train, &mut cursor, version, &metrics)?;
-            dispatched_requests += 1;
-            let target = driver.pick().await?;
-            let seed = recipe.seed.wrapping_mul(1_000_003).wrapping_add(dispatched_requests);
-            let req = RolloutRequest { groups: groups.clone(), purpose: Purpose::Train, seed };
-            inflight.spawn(async move {
-                let out = match ractor::call!(target, RolloutMsg::Generate, req) {
-                    Ok(r) => r,
-                    Err(e) => Err(format!("rollout actor failed: {e}")),
-                };
-                (groups, out)
-            });
-        }
-        let Some(joined) = inflight.join_next().await else { break };
-        let (groups, result) = joined.map_err(|e| RunError::Actor { actor: "controller", message: e.to_string() })?;
-        match result {
-            Ok(res) => {
-                gen_tokens += res.generated_tokens;
-                gen_seconds += res.seconds;
-                phases.generated_tokens += res.generated_tokens;
-                phases.generate += res.seconds - res.tool_seconds;
-                phases.tools += res.tool_seconds;
-                metrics.generated_tokens_total.with_label_values(&["rollout"]).inc_by(res.generated_tokens as u64);
-                let scoring = Instant::now();
-                let scored = driver.score(res).await?;
-                phases.reward += scoring.elapsed().as_secs_f64();
-                for g in &scored {
-                    ledger.scored(g.group.group_id)?;
-                }
-                ready.extend(scored);
-            }
-            Err(e) => {
-                progress.line(format!("rollout request lost ({e}); re-dispatching {} groups", groups.len()));
-                retry.extend(groups);
-                continue;
-            }
-        }
-        while ready.len() >= gps && step < steps {
-            let (admitted, max_stale) = admit(ready.drain(..gps).collect(), &mut gate, &mut ledger, version, &metrics)?;
-            if admitted.is_empty() {
-                continue;
-            }
-            let training = Instant::now();
-            let tb = train_batch(&admitted, &estimator).map_err(|e| RunError::Actor { actor: "controller", message: format!("advantages: {e}") })?;
-            if let Some(log) = batches_log.as_mut() {
-                log.write(&batch_record(step + 1, &admitted, &tb))?;
-            }
-            let stats: StepStats = ractor::call!(driver.learner, LearnerMsg::Train, tb)
-                .map_err(|e| RunError::Actor { actor: "learner", message: e.to_string() })?
-                .map_err(actor_err("learner"))?;
-            phases.train += training.elapsed().as_secs_f64();
-            step += 1;
-            for g in &admitted {
-                ledger.trained(g.group.group_id, step)?;
-                metrics.groups_trained_total.inc();
-                for s in &g.scores {
-                    rollouts_log.write(&s.row)?;
-                }
-            }
-            version += 1;
-            let syncing = Instant::now();
-            if let Some(acks) = driver.publish(version, mode == Mode::Sync).await? {
-                publishes.spawn(async move { acks.await.map_err(|e| e.to_string())? });
-            }
-            phases.sync += syncing.elapsed().as_secs_f64();
-            while let Some(done) = publishes.try_join_next() {
-                match done {
-                    Ok(Ok(secs)) => metrics.weight_sync_seconds.observe(secs),
-                    Ok(Err(e)) => progress.line(format!("weight sync failed: {e}")),
-                    Err(e) => progress.line(format!("weight sync failed: {e}")),
-                }
-            }
-            let gen_tok_s = if gen_seconds > 0.0 { gen_tokens as f64 / gen_seconds } else { 0.0 };
-            phases.step_seconds = last_record.elapsed().as_secs_f64();
-            last_record = Instant::now();
-            let facts = StepFacts { step, version, stats: &stats, admitted: &admitted, gen_tok_s, max_stale, seconds: t0.elapsed().as_secs_f64(), phases: &phases };
-            let row = step_record(&metrics, &recipe, &facts);
-            phases = StepPhases::default();
-            let (reward_mean, f) = (row["reward_mean"].as_f64().unwrap_or(0.0), &row);
-            metrics_log.write(&row)?;
-            if step % recipe.rl.checkpoint_every == 0 && step < steps {
-                let c = Cursor::at(step, cursor, &metrics_log, &rollouts_log, &after_warmup, &after_warmup_sampled, &ledger, wall(&t0));
-                checkpoint(&driver.learner, &dir, version, &c).await?;
-            }
-            status.tokens_per_s = row["tokens_per_s"].as_f64();
-            status.staleness_max = Some(max_stale);
-            write_status(&mut status, &dir, "rl", step, version, fleet.as_ref());
-            let success = f["trajectory_success"].as_f64().unwrap_or(0.0);
-            progress.tick(step, format!("reward {reward_mean:.3} success {success:.2}"));
-            progress.line(format!(
-                "rl {step}/{steps} v{version} reward {:.3} success {:.2} tool {:.2} unnecessary {:.2} repeated {:.2} | {:.0} gen tok/s | stale ≤{max_stale} | ETA {}",
-                reward_mean, success, f["tool_call_rate"].as_f64().unwrap_or(0.0),
-                f["unnecessary_tool_rate"].as_f64().unwrap_or(0.0), f["repeated_call_rate"].as_f64().unwrap_or(0.0), row["tokens_per_s"].as_f64().unwrap_or(0.0),
-                eta(rl_start.elapsed(), step - rl_first, steps - rl_first)
-            ));
-            if stopping() && step < steps {
-                stopped = true;
-                break 'rl;
-            }
-        }
-    }
-    if stopped {
-        progress.finish_bar();
-        if step % recipe.rl.checkpoint_every != 0 {
-            let c = Cursor::at(step, cursor, &metrics_log, &rollouts_log, &after_warmup, &after_warmup_sampled, &ledger, wall(&t0));
-            checkpoint(&driver.learner, &dir, version, &c).await?;
-        }
-        write_status(&mut status, &dir, "stopped", step, version, fleet.as_ref());
-        let has_checkpoint = !crate::learner::list_checkpoints(&dir.join("checkpoints")).is_empty();
-        let why = if has_checkpoint {
-            format!("SIGTERM: stopped at RL step {step}/{steps} after a checkpoint; `launcher up … --resume --run-dir {}` continues it", dir.display())
-        } else {
-            format!("SIGTERM: stopped at RL step {step}/{steps}, before any checkpoint: start the run again")
-        };
-        progress.line(why.clone());
-        return Err(RunError::Stopped(why));
-    }
-    progress.finish_bar();
-    // Requests still out: their groups are not trained in this run.
-    while let Some(joined) = inflight.join_next().await {
-        if let Ok((groups, _)) = joined {
-            for (id, _) in groups {
-                ledger.dropped(id, "run ended")?;
-                metrics.groups_dropped_total.with_label_values(&["run_ended"]).inc();
-            }
-        }
-    }
-    for g in ready.drain(..) {
-        ledger.dropped(g.group.group_id, "run ended")?;
-    }
-    // Groups to send out again when no step was left to train them (a resumed run at its last step).
-    for (id, _) in retry.drain(..) {
-        ledger.dropped(id, "run ended")?;
-    }
-    while let Some(done) = publishes.join_next().await {
-        if let Ok(Ok(secs)) = done {
-            metrics.weight_sync_seconds.observe(secs);
-        }
-    }
+    let mut rl = RlLoop::open(cx, ledger, retry, &start, version, opts.record_batches)?;
+    rl.run(&mut driver, &mut status).await?;
+    let (step, version) = (rl.step, rl.version);
 
     // Held-out evaluation with the final policy.
     write_status(&mut status, &dir, "eval", step, version, fleet.as_ref());
@@ -1251,15 +789,14 @@ pub async fn run(opts: RunOptions) -> Result<Summary, RunError> {
     ] {
         gauge.with_label_values(&["eval"]).set(f[k].as_f64().unwrap_or(0.0));
     }
-    let c = Cursor::at(step, cursor, &metrics_log, &rollouts_log, &after_warmup, &after_warmup_sampled, &ledger, wall(&t0));
-    let ckpt = checkpoint(&driver.learner, &dir, version, &c).await?;
+    let ckpt = checkpoint(&driver.learner, &dir, version, &rl.cursor_now()).await?;
     for f in ["tokenizer.json", "tokenizer_config.json", "generation_config.json", "chat_template.jinja"] {
         let src = model_dir.join(f);
         if src.exists() {
             let _ = std::fs::copy(&src, ckpt.join(f));
         }
     }
-    let counts = ledger.counts();
+    let counts = rl.ledger.counts();
     let summary = Summary {
         recipe: recipe.name.clone(),
         eval_tasks: held_out.len(),
@@ -1270,13 +807,13 @@ pub async fn run(opts: RunOptions) -> Result<Summary, RunError> {
         step_call_accuracy: f["step_call_accuracy"].as_f64().unwrap_or(0.0),
         summary_score: f["summary_score"].as_f64().unwrap_or(0.0),
         tool_call_rate: f["tool_call_rate"].as_f64().unwrap_or(0.0),
-        after_warmup: Some(after_warmup),
+        after_warmup: Some(after_warmup.clone()),
         sampled: json!({"temperature": recipe.rl.temperature, "final": f_sampled, "after_warmup": after_warmup_sampled}),
         steps: step,
         groups: json!({"trained": counts.trained, "dropped": counts.dropped, "in_flight": counts.dispatched + counts.scored,
-                        "stale": gate.stale, "redispatched": metrics.groups_redispatched_total.get()}),
+                        "stale": rl.gate.stale, "redispatched": metrics.groups_redispatched_total.get()}),
         actor_restarts: metrics.actor_restarts_total.with_label_values(&["rollout-0"]).get(),
-        wall_seconds: wall(&t0),
+        wall_seconds: rl.wall(),
         metrics_addr: metrics_addr.clone(),
     };
     write_status(&mut status, &dir, "done", step, version, fleet.as_ref());
@@ -1295,140 +832,4 @@ pub async fn run(opts: RunOptions) -> Result<Summary, RunError> {
     }
     drop(server);
     Ok(summary)
-}
-
-struct Driver {
-    learner: ActorRef<LearnerMsg>,
-    reward: ActorRef<RewardMsg>,
-    weight_sync: ActorRef<WeightSyncMsg>,
-    slots: RolloutSlots,
-    /// Proxies of the rollout actors in other processes.
-    remote: Vec<ActorRef<RolloutMsg>>,
-    /// Their weight-sync group, when there is one.
-    publisher: Option<Publisher>,
-    metrics: Arc<Metrics>,
-    latest: Option<WeightUpdate>,
-    /// Version each rollout actor (by id) has been sent.
-    versions: HashMap<ractor::ActorId, u64>,
-    next_actor: usize,
-}
-
-impl Driver {
-    fn live(&self) -> Vec<ActorRef<RolloutMsg>> {
-        let local: Vec<ActorRef<RolloutMsg>> = self.slots.lock().expect("slots lock").iter().flatten().cloned().collect();
-        local.into_iter().chain(self.remote.iter().cloned()).filter(|r| r.get_status() == ractor::ActorStatus::Running).collect()
-    }
-
-    async fn snapshot(&mut self, version: u64) -> Result<(), RunError> {
-        let update = ractor::call!(self.learner, LearnerMsg::Snapshot, version).map_err(|e| RunError::Actor { actor: "learner", message: e.to_string() })?;
-        self.latest = Some(update);
-        Ok(())
-    }
-
-    /// Publish `version` to every live rollout actor; with `wait`, until their
-    /// digest-checked acks, otherwise only until the update is queued ahead of any later request.
-    ///
-    /// Rollout processes get it through their weight-sync group (from learner
-    /// rank 0, or from here when the learner is in this process); actors in
-    /// this process, or in processes without a group, through the weight-sync
-    /// actor. The controller fetches the image only when it sends it itself.
-    async fn publish(&mut self, version: u64, wait: bool) -> Result<Option<tokio::task::JoinHandle<Result<f64, String>>>, RunError> {
-        let targets = self.live();
-        let remote_ids: std::collections::HashSet<ractor::ActorId> = self.remote.iter().map(|r| r.get_id()).collect();
-        let (remote, local): (Vec<_>, Vec<_>) = targets.into_iter().partition(|t| remote_ids.contains(&t.get_id()));
-        let grouped = self.publisher.is_some() && !remote.is_empty();
-        let via_actor: Vec<ActorRef<RolloutMsg>> = if grouped { local } else { local.into_iter().chain(remote.iter().cloned()).collect() };
-        // Without a group the image is always taken: `pick` loads it into any actor that missed a
-        // publication (one not live yet, or restarted), which a resumed run's first version needs.
-        let need_image = !grouped || !via_actor.is_empty() || self.publisher.as_ref().is_some_and(Publisher::needs_image);
-        if need_image && self.latest.as_ref().is_none_or(|u| u.version != version) {
-            self.snapshot(version).await?;
-        }
-        let mut waits: Vec<std::pin::Pin<Box<dyn std::future::Future<Output = Result<f64, String>> + Send>>> = vec![];
-        if grouped {
-            let p = self.publisher.as_ref().expect("grouped");
-            let image = if p.needs_image() { self.latest.clone() } else { None };
-            waits.push(Box::pin(p.publish(version, image).await.map_err(actor_err("weight_sync"))?));
-            for t in &remote {
-                self.versions.insert(t.get_id(), version);
-            }
-        }
-        if !via_actor.is_empty() {
-            let update = self.latest.clone().expect("snapshot taken");
-            let (done_tx, done_rx) = ractor::concurrency::oneshot();
-            ractor::call!(self.weight_sync, |queued| WeightSyncMsg::Publish(update, via_actor.clone(), queued, done_tx.into()))
-                .map_err(|e| RunError::Actor { actor: "weight_sync", message: e.to_string() })?;
-            for t in &via_actor {
-                self.versions.insert(t.get_id(), version);
-            }
-            waits.push(Box::pin(async move { done_rx.await.map_err(|_| "weight-sync actor stopped".to_string())? }));
-        }
-        self.metrics.policy_version.with_label_values(&["rollout"]).set(version as f64);
-        let acks = async move {
-            let mut secs = 0f64;
-            for w in waits {
-                secs = secs.max(w.await?);
-            }
-            Ok(secs)
-        };
-        if wait {
-            let secs = acks.await.map_err(actor_err("weight_sync"))?;
-            self.metrics.weight_sync_seconds.observe(secs);
-            Ok(None)
-        } else {
-            Ok(Some(tokio::spawn(acks)))
-        }
-    }
-
-    /// The next live rollout actor, brought to the latest version first if it was (re)started since.
-    async fn pick(&mut self) -> Result<ActorRef<RolloutMsg>, RunError> {
-        for _ in 0..100 {
-            let live = self.live();
-            if live.is_empty() {
-                tokio::time::sleep(Duration::from_millis(100)).await;
-                continue;
-            }
-            let target = live[self.next_actor % live.len()].clone();
-            self.next_actor += 1;
-            if let Some(update) = self.latest.clone() {
-                if self.versions.get(&target.get_id()) != Some(&update.version) {
-                    let v = update.version;
-                    match ractor::call!(target, RolloutMsg::LoadWeights, update) {
-                        Ok(Ok(_)) => {
-                            self.versions.insert(target.get_id(), v);
-                        }
-                        _ => continue,
-                    }
-                }
-            }
-            return Ok(target);
-        }
-        Err(RunError::Actor { actor: "rollout", message: "no live rollout actor (restart budget spent?)".into() })
-    }
-
-    /// The result's groups, scored: by a reward process on their way here, or by this process's reward actor.
-    async fn score(&self, res: RolloutResult) -> Result<Vec<ScoredGroup>, RunError> {
-        if let Some(scored) = res.scored {
-            return Ok(scored);
-        }
-        ractor::call!(self.reward, RewardMsg::Score, res.groups).map_err(|e| RunError::Actor { actor: "reward", message: e.to_string() })
-    }
-
-    /// One rollout per task (greedy, or sampled as in training), spread over the rollout actors, scored.
-    async fn evaluate(&mut self, tasks: &[Task], seed: u64, greedy: bool) -> Result<Vec<ScoredGroup>, RunError> {
-        let mut out = vec![];
-        let chunk = 32;
-        let mut pending: JoinSet<Result<RolloutResult, String>> = JoinSet::new();
-        for (i, c) in tasks.chunks(chunk).enumerate() {
-            let target = self.pick().await?;
-            let groups: Vec<(u64, Task)> = c.iter().enumerate().map(|(j, t)| ((i * chunk + j) as u64, t.clone())).collect();
-            let req = RolloutRequest { groups, purpose: if greedy { Purpose::EvalGreedy } else { Purpose::EvalSampled }, seed };
-            pending.spawn(async move { ractor::call!(target, RolloutMsg::Generate, req).map_err(|e| e.to_string())? });
-        }
-        while let Some(r) = pending.join_next().await {
-            let r = r.map_err(|e| RunError::Actor { actor: "rollout", message: e.to_string() })?.map_err(actor_err("rollout"))?;
-            out.extend(self.score(r).await?);
-        }
-        Ok(out)
-    }
 }

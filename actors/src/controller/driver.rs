@@ -1,0 +1,154 @@
+//! The controller's handle on its actors: picking a live rollout actor (and
+//! bringing it to the latest version), scoring, publishing a version to every
+//! rollout actor, and evaluating on held-out tasks.
+use super::run::{actor_err, RunError};
+use super::supervisor::RolloutSlots;
+use crate::learner::actor::LearnerMsg;
+use crate::metrics::Metrics;
+use crate::node::fleet::Publisher;
+use crate::reward::{RewardMsg, ScoredGroup};
+use crate::rollout::actor::{Purpose, RolloutMsg, RolloutRequest, RolloutResult};
+use crate::weight_sync::{WeightSyncMsg, WeightUpdate};
+use ractor::ActorRef;
+use rlmesh_core::Task;
+use std::collections::HashMap;
+use std::sync::Arc;
+use std::time::Duration;
+use tokio::task::JoinSet;
+
+/// The actors a run drives.
+pub(super) struct Driver {
+    pub(super) learner: ActorRef<LearnerMsg>,
+    pub(super) reward: ActorRef<RewardMsg>,
+    pub(super) weight_sync: ActorRef<WeightSyncMsg>,
+    pub(super) slots: RolloutSlots,
+    /// Proxies of the rollout actors in other processes.
+    pub(super) remote: Vec<ActorRef<RolloutMsg>>,
+    /// Their weight-sync group, when there is one.
+    pub(super) publisher: Option<Publisher>,
+    pub(super) metrics: Arc<Metrics>,
+    pub(super) latest: Option<WeightUpdate>,
+    /// Version each rollout actor (by id) has been sent.
+    pub(super) versions: HashMap<ractor::ActorId, u64>,
+    pub(super) next_actor: usize,
+}
+
+impl Driver {
+    pub(super) fn live(&self) -> Vec<ActorRef<RolloutMsg>> {
+        let local: Vec<ActorRef<RolloutMsg>> = self.slots.lock().expect("slots lock").iter().flatten().cloned().collect();
+        local.into_iter().chain(self.remote.iter().cloned()).filter(|r| r.get_status() == ractor::ActorStatus::Running).collect()
+    }
+
+    pub(super) async fn snapshot(&mut self, version: u64) -> Result<(), RunError> {
+        let update = ractor::call!(self.learner, LearnerMsg::Snapshot, version).map_err(|e| RunError::Actor { actor: "learner", message: e.to_string() })?;
+        self.latest = Some(update);
+        Ok(())
+    }
+
+    /// Publish `version` to every live rollout actor; with `wait`, until their
+    /// digest-checked acks, otherwise only until the update is queued ahead of any later request.
+    ///
+    /// Rollout processes get it through their weight-sync group (from learner
+    /// rank 0, or from here when the learner is in this process); actors in
+    /// this process, or in processes without a group, through the weight-sync
+    /// actor. The controller fetches the image only when it sends it itself.
+    pub(super) async fn publish(&mut self, version: u64, wait: bool) -> Result<Option<tokio::task::JoinHandle<Result<f64, String>>>, RunError> {
+        let targets = self.live();
+        let remote_ids: std::collections::HashSet<ractor::ActorId> = self.remote.iter().map(|r| r.get_id()).collect();
+        let (remote, local): (Vec<_>, Vec<_>) = targets.into_iter().partition(|t| remote_ids.contains(&t.get_id()));
+        let grouped = self.publisher.is_some() && !remote.is_empty();
+        let via_actor: Vec<ActorRef<RolloutMsg>> = if grouped { local } else { local.into_iter().chain(remote.iter().cloned()).collect() };
+        // Without a group the image is always taken: `pick` loads it into any actor that missed a
+        // publication (one not live yet, or restarted), which a resumed run's first version needs.
+        let need_image = !grouped || !via_actor.is_empty() || self.publisher.as_ref().is_some_and(Publisher::needs_image);
+        if need_image && self.latest.as_ref().is_none_or(|u| u.version != version) {
+            self.snapshot(version).await?;
+        }
+        let mut waits: Vec<std::pin::Pin<Box<dyn std::future::Future<Output = Result<f64, String>> + Send>>> = vec![];
+        if grouped {
+            let p = self.publisher.as_ref().expect("grouped");
+            let image = if p.needs_image() { self.latest.clone() } else { None };
+            waits.push(Box::pin(p.publish(version, image).await.map_err(actor_err("weight_sync"))?));
+            for t in &remote {
+                self.versions.insert(t.get_id(), version);
+            }
+        }
+        if !via_actor.is_empty() {
+            let update = self.latest.clone().expect("snapshot taken");
+            let (done_tx, done_rx) = ractor::concurrency::oneshot();
+            ractor::call!(self.weight_sync, |queued| WeightSyncMsg::Publish(update, via_actor.clone(), queued, done_tx.into()))
+                .map_err(|e| RunError::Actor { actor: "weight_sync", message: e.to_string() })?;
+            for t in &via_actor {
+                self.versions.insert(t.get_id(), version);
+            }
+            waits.push(Box::pin(async move { done_rx.await.map_err(|_| "weight-sync actor stopped".to_string())? }));
+        }
+        self.metrics.policy_version.with_label_values(&["rollout"]).set(version as f64);
+        let acks = async move {
+            let mut secs = 0f64;
+            for w in waits {
+                secs = secs.max(w.await?);
+            }
+            Ok(secs)
+        };
+        if wait {
+            let secs = acks.await.map_err(actor_err("weight_sync"))?;
+            self.metrics.weight_sync_seconds.observe(secs);
+            Ok(None)
+        } else {
+            Ok(Some(tokio::spawn(acks)))
+        }
+    }
+
+    /// The next live rollout actor, brought to the latest version first if it was (re)started since.
+    pub(super) async fn pick(&mut self) -> Result<ActorRef<RolloutMsg>, RunError> {
+        for _ in 0..100 {
+            let live = self.live();
+            if live.is_empty() {
+                tokio::time::sleep(Duration::from_millis(100)).await;
+                continue;
+            }
+            let target = live[self.next_actor % live.len()].clone();
+            self.next_actor += 1;
+            if let Some(update) = self.latest.clone() {
+                if self.versions.get(&target.get_id()) != Some(&update.version) {
+                    let v = update.version;
+                    match ractor::call!(target, RolloutMsg::LoadWeights, update) {
+                        Ok(Ok(_)) => {
+                            self.versions.insert(target.get_id(), v);
+                        }
+                        _ => continue,
+                    }
+                }
+            }
+            return Ok(target);
+        }
+        Err(RunError::Actor { actor: "rollout", message: "no live rollout actor (restart budget spent?)".into() })
+    }
+
+    /// The result's groups, scored: by a reward process on their way here, or by this process's reward actor.
+    pub(super) async fn score(&self, res: RolloutResult) -> Result<Vec<ScoredGroup>, RunError> {
+        if let Some(scored) = res.scored {
+            return Ok(scored);
+        }
+        ractor::call!(self.reward, RewardMsg::Score, res.groups).map_err(|e| RunError::Actor { actor: "reward", message: e.to_string() })
+    }
+
+    /// One rollout per task (greedy, or sampled as in training), spread over the rollout actors, scored.
+    pub(super) async fn evaluate(&mut self, tasks: &[Task], seed: u64, greedy: bool) -> Result<Vec<ScoredGroup>, RunError> {
+        let mut out = vec![];
+        let chunk = 32;
+        let mut pending: JoinSet<Result<RolloutResult, String>> = JoinSet::new();
+        for (i, c) in tasks.chunks(chunk).enumerate() {
+            let target = self.pick().await?;
+            let groups: Vec<(u64, Task)> = c.iter().enumerate().map(|(j, t)| ((i * chunk + j) as u64, t.clone())).collect();
+            let req = RolloutRequest { groups, purpose: if greedy { Purpose::EvalGreedy } else { Purpose::EvalSampled }, seed };
+            pending.spawn(async move { ractor::call!(target, RolloutMsg::Generate, req).map_err(|e| e.to_string())? });
+        }
+        while let Some(r) = pending.join_next().await {
+            let r = r.map_err(|e| RunError::Actor { actor: "rollout", message: e.to_string() })?.map_err(actor_err("rollout"))?;
+            out.extend(self.score(r).await?);
+        }
+        Ok(out)
+    }
+}

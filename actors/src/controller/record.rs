@@ -1,0 +1,167 @@
+//! What a run records per RL step: the figures over scored groups, the
+//! `metrics.jsonl` row (also set on the step's gauges), the step's phases and
+//! the `batches.jsonl` row.
+use super::recipe::Recipe;
+use crate::learner::{StepStats, TrainBatch};
+use crate::metrics::Metrics;
+use crate::reward::ScoredGroup;
+use serde_json::{json, Value};
+use std::collections::HashMap;
+
+/// Figures over a set of scored groups.
+pub(super) fn figures(groups: &[ScoredGroup]) -> Value {
+    let (mut n, mut ok, mut fin, mut rep, mut tool_tasks, mut tool_called, mut plain, mut unnec) = (0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0);
+    for g in groups {
+        for s in &g.scores {
+            let o = s.outcome;
+            n += 1.0;
+            ok += o.success as u8 as f64;
+            fin += o.final_correct as u8 as f64;
+            rep += o.repeated_call as u8 as f64;
+            if g.group.task.requires_tool {
+                tool_tasks += 1.0;
+                tool_called += o.called_tool as u8 as f64;
+            } else {
+                plain += 1.0;
+                unnec += o.unnecessary_tool as u8 as f64;
+            }
+        }
+    }
+    let r = |a: f64, b: f64| if b > 0.0 { a / b } else { 0.0 };
+    // On tool tasks: the gold steps made right in place, and the judged summary (SLCA's q).
+    let (mut step_acc, mut summary) = (0.0, 0.0);
+    for g in groups.iter().filter(|g| g.group.task.requires_tool) {
+        for (t, s) in g.group.trajectories.iter().zip(&g.scores) {
+            step_acc += rlmesh_core::analysis::step_call_accuracy(&g.group.task, t).unwrap_or(0.0);
+            summary += s.segments.summary;
+        }
+    }
+    json!({
+        "rollouts": n, "trajectory_success": r(ok, n), "final_answer_accuracy": r(fin, n), "repeated_call_rate": r(rep, n),
+        "tool_call_rate": r(tool_called, tool_tasks), "unnecessary_tool_rate": r(unnec, plain),
+        "step_call_accuracy": r(step_acc, tool_tasks), "summary_score": r(summary, tool_tasks),
+    })
+}
+
+/// `RUN_DIR/batches.jsonl` (with `--record-batches`): per RL step, each
+/// sequence's loss mask and the per-token advantages (or, for `steptool`, the
+/// per-token rewards) the learner was sent.
+pub(super) fn batch_record(step: u64, groups: &[ScoredGroup], batch: &TrainBatch) -> Value {
+    let ids = groups.iter().flat_map(|g| g.group.trajectories.iter().map(move |t| (g.group.group_id, t.sample_index)));
+    let sequences: Vec<Value> = ids
+        .zip(&batch.sequences)
+        .map(|((group, sample), s)| json!({"group": group, "sample": sample, "loss_mask": s.loss_mask, "advantages": s.advantages, "rewards": s.rewards}))
+        .collect();
+    json!({"step": step, "sequences": sequences})
+}
+/// What one RL step did, for its record.
+pub(super) struct StepFacts<'a> {
+    pub(super) step: u64,
+    pub(super) version: u64,
+    pub(super) stats: &'a StepStats,
+    pub(super) admitted: &'a [ScoredGroup],
+    pub(super) gen_tok_s: f64,
+    pub(super) max_stale: u64,
+    pub(super) seconds: f64,
+    pub(super) phases: &'a StepPhases,
+}
+
+/// Where the wall time between two RL step records went. Phases overlap when
+/// the mode lets generation run ahead of training, so they may sum to more
+/// than `step_seconds`.
+#[derive(Clone, Copy, Debug, Default)]
+pub(super) struct StepPhases {
+    /// Wall seconds since the previous step's record (the first step: since the RL loop began).
+    pub(super) step_seconds: f64,
+    /// Tokens the policy generated in the rollout answers received in that time.
+    pub(super) generated_tokens: usize,
+    /// Rollout seconds outside tools (prefill and decode), summed over the answers.
+    pub(super) generate: f64,
+    /// Rollout seconds executing tools and appending their results.
+    pub(super) tools: f64,
+    /// Scoring the groups in this process (0 when a reward process scored them on their way).
+    pub(super) reward: f64,
+    /// Advantages and the learner's step.
+    pub(super) train: f64,
+    /// Publishing the new version (the wait `up` sees; finished background syncs are in `weight_sync_seconds`).
+    pub(super) sync: f64,
+}
+
+impl StepPhases {
+    pub(super) fn record(&self, row: &mut Value) {
+        row["step_seconds"] = json!(self.step_seconds);
+        row["generated_tokens"] = json!(self.generated_tokens);
+        for (k, v) in [("generate", self.generate), ("tools", self.tools), ("reward", self.reward), ("train", self.train), ("sync", self.sync)] {
+            row[format!("phase/{k}_seconds")] = json!(v);
+        }
+    }
+}
+
+/// One RL step's `metrics.jsonl` row (reward and its components, the rollout
+/// figures, the learner's statistics), also set on the step's gauges.
+pub(super) fn step_record(metrics: &Metrics, recipe: &Recipe, s: &StepFacts<'_>) -> Value {
+    let (stats, admitted) = (s.stats, s.admitted);
+    let f = figures(admitted);
+    let reward_mean = admitted.iter().flat_map(|g| g.scores.iter().map(|s| s.total)).sum::<f64>() / (admitted.len() * recipe.rl.group_size) as f64;
+    let mut row = json!({
+        "step": s.step, "version": s.version, "reward_mean": reward_mean, "loss": stats.loss, "kl": stats.kl, "entropy": stats.entropy,
+        "clip_fraction": stats.clip_fraction, "grad_norm": stats.grad_norm, "learner_tokens_per_s": stats.tokens_per_s,
+        "tokens_per_s": s.gen_tok_s, "staleness_max": s.max_stale, "groups_trained": admitted.len(), "seconds": s.seconds,
+    });
+    s.phases.record(&mut row);
+    for (k, v) in f.as_object().expect("object") {
+        row[k] = v.clone();
+    }
+    // What the judge cost: wall seconds of scoring per group, and failed judge calls.
+    let groups = admitted.len().max(1) as f64;
+    row["judge/seconds_per_group"] = json!(admitted.iter().map(|g| g.judge.seconds).sum::<f64>() / groups);
+    row["judge/calls"] = json!(admitted.iter().map(|g| g.judge.calls).sum::<u64>());
+    row["judge/failures"] = json!(admitted.iter().map(|g| g.judge.failures).sum::<u64>());
+    if let Some(v) = stats.value_loss {
+        row["value_loss"] = json!(v);
+    }
+    if let Some(b) = stats.kl_coef {
+        row["kl_coef"] = json!(b);
+    }
+    // The segment and step rewards, whatever the estimator trains on.
+    let segs: Vec<&rlmesh_core::reward::segments::SegmentScores> = admitted.iter().flat_map(|g| g.scores.iter().map(|s| &s.segments)).collect();
+    let n = segs.len().max(1) as f64;
+    row["segment/process"] = json!(segs.iter().map(|s| s.process).sum::<f64>() / n);
+    row["segment/summary"] = json!(segs.iter().map(|s| s.summary).sum::<f64>() / n);
+    let steps: Vec<f64> = segs.iter().flat_map(|s| s.step_rewards.iter().copied()).collect();
+    row["step_reward_mean"] = json!(steps.iter().sum::<f64>() / steps.len().max(1) as f64);
+    let mut comp: HashMap<String, (f64, f64)> = HashMap::new();
+    for t in admitted.iter().flat_map(|g| &g.scores) {
+        for (name, v) in &t.components {
+            if let Some(v) = v {
+                let e = comp.entry(name.clone()).or_default();
+                e.0 += v;
+                e.1 += 1.0;
+            }
+        }
+    }
+    for (name, (sum, n)) in &comp {
+        row[format!("reward/{name}")] = json!(sum / n);
+        metrics.reward_component.with_label_values(&[name]).set(sum / n);
+    }
+    let totals: Vec<f64> = admitted.iter().flat_map(|g| g.scores.iter().map(|s| s.total)).collect();
+    let function = format!("{:?}", recipe.reward).to_lowercase();
+    let rate = |k: &str| f[k].as_f64().unwrap_or(0.0);
+    metrics.reward_mean.with_label_values(&[&function]).set(reward_mean);
+    metrics.reward_std.with_label_values(&[&function]).set(rlmesh_core::reward::combine::nanstd(&totals));
+    metrics.trajectory_success.with_label_values(&["train"]).set(rate("trajectory_success"));
+    metrics.final_answer_accuracy.with_label_values(&["train"]).set(rate("final_answer_accuracy"));
+    metrics.tool_call_rate.with_label_values(&["train"]).set(rate("tool_call_rate"));
+    metrics.unnecessary_tool_rate.with_label_values(&["train"]).set(rate("unnecessary_tool_rate"));
+    metrics.repeated_call_rate.with_label_values(&["train"]).set(rate("repeated_call_rate"));
+    metrics.tokens_per_second.with_label_values(&["rollout"]).set(s.gen_tok_s);
+    metrics.tokens_per_second.with_label_values(&["learner"]).set(stats.tokens_per_s);
+    metrics.policy_version.with_label_values(&["learner"]).set(s.version as f64);
+    metrics.learner_step.set(s.step as f64);
+    metrics.learner_loss.set(stats.loss);
+    metrics.learner_kl.set(stats.kl.unwrap_or(0.0));
+    metrics.learner_entropy.set(stats.entropy);
+    metrics.learner_clip_fraction.set(stats.clip_fraction.unwrap_or(0.0));
+    metrics.learner_grad_norm.set(stats.grad_norm);
+    row
+}

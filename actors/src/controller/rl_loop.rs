@@ -1,0 +1,354 @@
+//! The RL phase of a run as its own state: rollout requests go out ahead of
+//! the learner by the mode's bound (`sync` 0, `one_step_off` 1, `async` k),
+//! scored groups pass the staleness gate, the learner steps, and each new
+//! version is published to the rollout actors. Every group's life is in the
+//! ledger; every step leaves a `metrics.jsonl` row and its rollouts' rows.
+use super::batch::{train_batch, Advantages};
+use super::driver::Driver;
+use super::ledger::Ledger;
+use super::progress::{eta, Progress};
+use super::recipe::Recipe;
+use super::record::{batch_record, step_record, StepFacts, StepPhases};
+use super::run::{actor_err, checkpoint, write_status, Cursor, Jsonl, RunError};
+use super::staleness::{Admission, Gate, Mode};
+use super::status::RunStatus;
+use crate::learner::actor::LearnerMsg;
+use crate::learner::StepStats;
+use crate::metrics::Metrics;
+use crate::node::fleet::Fleet;
+use crate::reward::ScoredGroup;
+use crate::rollout::actor::{Purpose, RolloutMsg, RolloutRequest, RolloutResult};
+use rlmesh_core::Task;
+use serde_json::Value;
+use std::collections::VecDeque;
+use std::path::Path;
+use std::time::Instant;
+use tokio::task::JoinSet;
+
+/// What the RL phase reads from the run around it.
+pub(super) struct RlContext<'a> {
+    pub(super) recipe: &'a Recipe,
+    pub(super) train: &'a [Task],
+    pub(super) dir: &'a Path,
+    pub(super) metrics: &'a Metrics,
+    pub(super) progress: &'a Progress,
+    pub(super) fleet: Option<&'a Fleet>,
+    pub(super) stopping: &'a (dyn Fn() -> bool + Sync),
+    /// RL steps to reach (the recipe's, or `--max-steps`).
+    pub(super) steps: u64,
+    /// The held-out figures after the warm-up (kept in every checkpoint's cursor).
+    pub(super) after_warmup: &'a Value,
+    pub(super) after_warmup_sampled: &'a Value,
+    /// Wall seconds of the processes before this one (a resumed run), and this one's start.
+    pub(super) earlier_seconds: f64,
+    pub(super) t0: Instant,
+}
+
+/// A rollout request out, with the groups it carries.
+type Request = (Vec<(u64, Task)>, Result<RolloutResult, String>);
+
+/// The RL phase's state between steps.
+pub(super) struct RlLoop<'a> {
+    cx: RlContext<'a>,
+    pub(super) ledger: Ledger,
+    pub(super) gate: Gate,
+    /// Groups whose work was lost, to send out first.
+    retry: VecDeque<(u64, Task)>,
+    inflight: JoinSet<Request>,
+    ready: VecDeque<ScoredGroup>,
+    /// The next new group's training task (group id g is training task g).
+    pub(super) cursor: usize,
+    pub(super) step: u64,
+    pub(super) version: u64,
+    estimator: Advantages,
+    metrics_log: Jsonl,
+    rollouts_log: Jsonl,
+    batches_log: Option<Jsonl>,
+    dispatched_requests: u64,
+    gen_tokens: usize,
+    gen_seconds: f64,
+    publishes: JoinSet<Result<f64, String>>,
+    phases: StepPhases,
+    last_record: Instant,
+    rl_start: Instant,
+    rl_first: u64,
+}
+
+impl<'a> RlLoop<'a> {
+    /// The loop at `start` (a resumed run's cursor, or the start of RL), with
+    /// the ledger's lost groups to send out again first.
+    pub(super) fn open(cx: RlContext<'a>, ledger: Ledger, retry: VecDeque<(u64, Task)>, start: &Cursor, version: u64, record_batches: bool) -> Result<Self, RunError> {
+        let dir = cx.dir;
+        let batches_log = match record_batches {
+            true => Some(Jsonl::resume(dir.join("batches.jsonl"), usize::MAX)?),
+            false => None,
+        };
+        let now = Instant::now();
+        Ok(RlLoop {
+            gate: Gate::new(cx.recipe.mode()),
+            estimator: Advantages::of(cx.recipe),
+            metrics_log: Jsonl::resume(dir.join("metrics.jsonl"), start.metrics_rows)?,
+            rollouts_log: Jsonl::resume(dir.join("rollouts.jsonl"), start.rollouts_rows)?,
+            batches_log,
+            cursor: ledger.next_group_id() as usize,
+            ledger,
+            retry,
+            inflight: JoinSet::new(),
+            ready: VecDeque::new(),
+            step: start.step,
+            version,
+            dispatched_requests: 0,
+            gen_tokens: 0,
+            gen_seconds: 0.0,
+            publishes: JoinSet::new(),
+            phases: StepPhases::default(),
+            last_record: now,
+            rl_start: now,
+            rl_first: start.step,
+            cx,
+        })
+    }
+
+    /// Wall seconds of the whole run so far.
+    pub(super) fn wall(&self) -> f64 {
+        self.cx.earlier_seconds + self.cx.t0.elapsed().as_secs_f64()
+    }
+
+    /// The data cursor a checkpoint taken now records.
+    pub(super) fn cursor_now(&self) -> Cursor {
+        Cursor::at(self.step, self.cursor, &self.metrics_log, &self.rollouts_log, self.cx.after_warmup, self.cx.after_warmup_sampled, &self.ledger, self.wall())
+    }
+
+    /// Trains to the last step. A SIGTERM is looked at after every answer from
+    /// a rollout actor, not only after a trained step (a loop whose groups all
+    /// go stale still stops): the loop then checkpoints and ends with
+    /// [`RunError::Stopped`]. At the end, groups still out are dropped in the ledger.
+    pub(super) async fn run(&mut self, driver: &mut Driver, status: &mut RunStatus) -> Result<(), RunError> {
+        let steps = self.cx.steps;
+        self.cx.progress.bar("rl", steps, self.step);
+        while self.step < steps {
+            if (self.cx.stopping)() {
+                return self.stop(driver, status).await;
+            }
+            self.fill(driver).await?;
+            let Some(joined) = self.inflight.join_next().await else { break };
+            let (groups, result) = joined.map_err(|e| RunError::Actor { actor: "controller", message: e.to_string() })?;
+            match result {
+                Ok(res) => self.receive(driver, res).await?,
+                Err(e) => {
+                    self.cx.progress.line(format!("rollout request lost ({e}); re-dispatching {} groups", groups.len()));
+                    self.retry.extend(groups);
+                    continue;
+                }
+            }
+            let gps = self.cx.recipe.rl.groups_per_step;
+            while self.ready.len() >= gps && self.step < steps {
+                let batch: Vec<ScoredGroup> = self.ready.drain(..gps).collect();
+                self.train_step(driver, status, batch).await?;
+                if (self.cx.stopping)() && self.step < steps {
+                    return self.stop(driver, status).await;
+                }
+            }
+        }
+        self.cx.progress.finish_bar();
+        self.drain().await
+    }
+
+    /// Keeps the rollout actors `ahead` steps in front of the learner: out or
+    /// waiting, never more than the steps still to train (a stale or lost request is replaced).
+    async fn fill(&mut self, driver: &mut Driver) -> Result<(), RunError> {
+        let (recipe, metrics) = (self.cx.recipe, self.cx.metrics);
+        let gps = recipe.rl.groups_per_step;
+        let ahead = recipe.mode().max_staleness() as usize;
+        let wanted = (1 + ahead).min((self.cx.steps - self.step) as usize);
+        while self.inflight.len() + self.ready.len() / gps.max(1) < wanted {
+            let groups = next_groups(gps, &mut self.retry, &mut self.ledger, self.cx.train, &mut self.cursor, self.version, metrics)?;
+            self.dispatched_requests += 1;
+            let target = driver.pick().await?;
+            let seed = recipe.seed.wrapping_mul(1_000_003).wrapping_add(self.dispatched_requests);
+            let req = RolloutRequest { groups: groups.clone(), purpose: Purpose::Train, seed };
+            self.inflight.spawn(async move {
+                let out = match ractor::call!(target, RolloutMsg::Generate, req) {
+                    Ok(r) => r,
+                    Err(e) => Err(format!("rollout actor failed: {e}")),
+                };
+                (groups, out)
+            });
+        }
+        Ok(())
+    }
+
+    /// A rollout answer: counted, scored, and its groups ready for the learner.
+    async fn receive(&mut self, driver: &mut Driver, res: RolloutResult) -> Result<(), RunError> {
+        self.gen_tokens += res.generated_tokens;
+        self.gen_seconds += res.seconds;
+        self.phases.generated_tokens += res.generated_tokens;
+        self.phases.generate += res.seconds - res.tool_seconds;
+        self.phases.tools += res.tool_seconds;
+        self.cx.metrics.generated_tokens_total.with_label_values(&["rollout"]).inc_by(res.generated_tokens as u64);
+        let scoring = Instant::now();
+        let scored = driver.score(res).await?;
+        self.phases.reward += scoring.elapsed().as_secs_f64();
+        for g in &scored {
+            self.ledger.scored(g.group.group_id)?;
+        }
+        self.ready.extend(scored);
+        Ok(())
+    }
+
+    /// One step's batch: the gate admits what is fresh enough, the learner
+    /// trains on it, the new version goes out, and the step is recorded.
+    async fn train_step(&mut self, driver: &mut Driver, status: &mut RunStatus, batch: Vec<ScoredGroup>) -> Result<(), RunError> {
+        let (recipe, metrics, progress) = (self.cx.recipe, self.cx.metrics, self.cx.progress);
+        let (admitted, max_stale) = admit(batch, &mut self.gate, &mut self.ledger, self.version, metrics)?;
+        if admitted.is_empty() {
+            return Ok(());
+        }
+        let training = Instant::now();
+        let tb = train_batch(&admitted, &self.estimator).map_err(|e| RunError::Actor { actor: "controller", message: format!("advantages: {e}") })?;
+        if let Some(log) = self.batches_log.as_mut() {
+            log.write(&batch_record(self.step + 1, &admitted, &tb))?;
+        }
+        let stats: StepStats = ractor::call!(driver.learner, LearnerMsg::Train, tb)
+            .map_err(|e| RunError::Actor { actor: "learner", message: e.to_string() })?
+            .map_err(actor_err("learner"))?;
+        self.phases.train += training.elapsed().as_secs_f64();
+        self.step += 1;
+        let step = self.step;
+        for g in &admitted {
+            self.ledger.trained(g.group.group_id, step)?;
+            metrics.groups_trained_total.inc();
+            for s in &g.scores {
+                self.rollouts_log.write(&s.row)?;
+            }
+        }
+        self.version += 1;
+        let version = self.version;
+        let syncing = Instant::now();
+        if let Some(acks) = driver.publish(version, recipe.mode() == Mode::Sync).await? {
+            self.publishes.spawn(async move { acks.await.map_err(|e| e.to_string())? });
+        }
+        self.phases.sync += syncing.elapsed().as_secs_f64();
+        while let Some(done) = self.publishes.try_join_next() {
+            match done {
+                Ok(Ok(secs)) => metrics.weight_sync_seconds.observe(secs),
+                Ok(Err(e)) => progress.line(format!("weight sync failed: {e}")),
+                Err(e) => progress.line(format!("weight sync failed: {e}")),
+            }
+        }
+        let gen_tok_s = if self.gen_seconds > 0.0 { self.gen_tokens as f64 / self.gen_seconds } else { 0.0 };
+        self.phases.step_seconds = self.last_record.elapsed().as_secs_f64();
+        self.last_record = Instant::now();
+        let facts = StepFacts { step, version, stats: &stats, admitted: &admitted, gen_tok_s, max_stale, seconds: self.cx.t0.elapsed().as_secs_f64(), phases: &self.phases };
+        let row = step_record(metrics, recipe, &facts);
+        self.phases = StepPhases::default();
+        self.metrics_log.write(&row)?;
+        let steps = self.cx.steps;
+        if step % recipe.rl.checkpoint_every == 0 && step < steps {
+            checkpoint(&driver.learner, self.cx.dir, version, &self.cursor_now()).await?;
+        }
+        status.tokens_per_s = row["tokens_per_s"].as_f64();
+        status.staleness_max = Some(max_stale);
+        write_status(status, self.cx.dir, "rl", step, version, self.cx.fleet);
+        let rate = |k: &str| row[k].as_f64().unwrap_or(0.0);
+        let (reward_mean, success) = (rate("reward_mean"), rate("trajectory_success"));
+        progress.tick(step, format!("reward {reward_mean:.3} success {success:.2}"));
+        progress.line(format!(
+            "rl {step}/{steps} v{version} reward {reward_mean:.3} success {success:.2} tool {:.2} unnecessary {:.2} repeated {:.2} | {:.0} gen tok/s | stale ≤{max_stale} | ETA {}",
+            rate("tool_call_rate"),
+            rate("unnecessary_tool_rate"),
+            rate("repeated_call_rate"),
+            rate("tokens_per_s"),
+            eta(self.rl_start.elapsed(), step - self.rl_first, steps - self.rl_first)
+        ));
+        Ok(())
+    }
+
+    /// SIGTERM: a checkpoint at this step boundary (unless one was just taken), then [`RunError::Stopped`].
+    async fn stop(&mut self, driver: &Driver, status: &mut RunStatus) -> Result<(), RunError> {
+        let (dir, progress) = (self.cx.dir, self.cx.progress);
+        let (step, steps) = (self.step, self.cx.steps);
+        progress.finish_bar();
+        if step % self.cx.recipe.rl.checkpoint_every != 0 {
+            checkpoint(&driver.learner, dir, self.version, &self.cursor_now()).await?;
+        }
+        write_status(status, dir, "stopped", step, self.version, self.cx.fleet);
+        let has_checkpoint = !crate::learner::list_checkpoints(&dir.join("checkpoints")).is_empty();
+        let why = if has_checkpoint {
+            format!("SIGTERM: stopped at RL step {step}/{steps} after a checkpoint; `launcher up … --resume --run-dir {}` continues it", dir.display())
+        } else {
+            format!("SIGTERM: stopped at RL step {step}/{steps}, before any checkpoint: start the run again")
+        };
+        progress.line(why.clone());
+        Err(RunError::Stopped(why))
+    }
+
+    /// After the last step: groups still out, waiting or to send out again are
+    /// not trained in this run (dropped in the ledger); background syncs are awaited.
+    async fn drain(&mut self) -> Result<(), RunError> {
+        let metrics = self.cx.metrics;
+        while let Some(joined) = self.inflight.join_next().await {
+            if let Ok((groups, _)) = joined {
+                for (id, _) in groups {
+                    self.ledger.dropped(id, "run ended")?;
+                    metrics.groups_dropped_total.with_label_values(&["run_ended"]).inc();
+                }
+            }
+        }
+        for g in self.ready.drain(..) {
+            self.ledger.dropped(g.group.group_id, "run ended")?;
+        }
+        // A resumed run at its last step has groups to send out again and no step left to train them.
+        for (id, _) in self.retry.drain(..) {
+            self.ledger.dropped(id, "run ended")?;
+        }
+        while let Some(done) = self.publishes.join_next().await {
+            if let Ok(Ok(secs)) = done {
+                metrics.weight_sync_seconds.observe(secs);
+            }
+        }
+        Ok(())
+    }
+}
+
+/// The next request's `n` groups: those to send out again first (their work
+/// was lost), then new ones in task order; each is recorded in the ledger.
+fn next_groups(n: usize, retry: &mut VecDeque<(u64, Task)>, ledger: &mut Ledger, train: &[Task], cursor: &mut usize, version: u64, metrics: &Metrics) -> Result<Vec<(u64, Task)>, RunError> {
+    let mut groups = Vec::with_capacity(n);
+    while groups.len() < n {
+        if let Some(g) = retry.pop_front() {
+            ledger.redispatch(g.0, version)?;
+            metrics.groups_redispatched_total.inc();
+            groups.push(g);
+        } else {
+            let id = ledger.next_group_id();
+            ledger.dispatch(id, version)?;
+            metrics.groups_dispatched_total.inc();
+            groups.push((id, train[*cursor % train.len()].clone()));
+            *cursor += 1;
+        }
+    }
+    Ok(groups)
+}
+
+/// The groups of a batch the staleness gate lets the learner train on at
+/// `version`, and their largest staleness; the others are dropped in the ledger.
+fn admit(batch: Vec<ScoredGroup>, gate: &mut Gate, ledger: &mut Ledger, version: u64, metrics: &Metrics) -> Result<(Vec<ScoredGroup>, u64), RunError> {
+    let mut admitted = vec![];
+    let mut max_stale = 0u64;
+    for g in batch {
+        let v = g.group.trajectories.iter().filter_map(|t| t.min_version()).min().unwrap_or(version);
+        match gate.admit(v, version).map_err(|e| RunError::Actor { actor: "controller", message: e.to_string() })? {
+            Admission::Train { staleness } => {
+                max_stale = max_stale.max(staleness);
+                metrics.staleness.observe(staleness as f64);
+                admitted.push(g);
+            }
+            Admission::Stale { .. } => {
+                ledger.dropped(g.group.group_id, "stale")?;
+                metrics.groups_dropped_total.with_label_values(&["stale"]).inc();
+            }
+        }
+    }
+    Ok((admitted, max_stale))
+}
