@@ -12,7 +12,7 @@
 //! assert_ne!(server.local_addr().port(), 0);
 //! assert!(m.encode().contains("rlmesh_groups_trained_total 1"));
 //! ```
-use prometheus::{Encoder, Gauge, GaugeVec, Histogram, HistogramOpts, IntCounter, IntCounterVec, Opts, Registry, TextEncoder};
+use prometheus::{Encoder, Gauge, GaugeVec, Histogram, HistogramOpts, HistogramVec, IntCounter, IntCounterVec, Opts, Registry, TextEncoder};
 use std::io::{self, Read, Write};
 use std::net::{Ipv4Addr, Ipv6Addr, SocketAddr, TcpListener, TcpStream, ToSocketAddrs};
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -100,6 +100,20 @@ impl Build for Histogram {
     }
 }
 
+impl Build for HistogramVec {
+    const KIND: Kind = Kind::Histogram;
+    fn build(name: &str, help: &str, labels: &[&str], buckets: Option<Vec<f64>>) -> prometheus::Result<Self> {
+        let opts = HistogramOpts::new(name, help);
+        HistogramVec::new(
+            match buckets {
+                Some(b) => opts.buckets(b),
+                None => opts,
+            },
+            labels,
+        )
+    }
+}
+
 macro_rules! metrics {
     ($( $field:ident : $ty:ident $([$($label:literal),+])? $(buckets $buckets:expr)? => $name:literal, $help:literal; )*) => {
         /// Every metric of one process, registered in the process's registry.
@@ -158,6 +172,12 @@ metrics! {
         "Policy version each actor holds.";
     weight_sync_seconds: Histogram buckets prometheus::exponential_buckets(0.001, 4.0, 10).expect("valid buckets") => "rlmesh_weight_sync_seconds",
         "Seconds to move one policy version to every rollout actor, digest checks included.";
+    step_seconds: Histogram buckets prometheus::exponential_buckets(0.01, 2.0, 14).expect("valid buckets") => "rlmesh_step_seconds",
+        "Wall seconds of each RL step, from the previous step's record to this one's (the controller's clock).";
+    step_phase_seconds: HistogramVec["phase"] buckets prometheus::exponential_buckets(0.001, 2.0, 18).expect("valid buckets") => "rlmesh_step_phase_seconds",
+        "Seconds of each RL step spent per phase (generate, tools, reward, train, sync), summed over the rollout answers of the step; generation overlaps training when the mode runs ahead.";
+    idle_ratio: GaugeVec["role"] => "rlmesh_idle_ratio",
+        "Share of the last RL step a role waited (learner: 1 - train / step; rollout: 1 - (generate + tools) / (step × rollout actors)).";
     warmup_step: Gauge => "rlmesh_warmup_step",
         "SFT warm-up steps done.";
     warmup_loss: Gauge => "rlmesh_warmup_loss",
@@ -195,6 +215,12 @@ metrics! {
 /// Reasons a group is dropped untrained (`rlmesh_groups_dropped_total{reason}`).
 pub const DROP_REASONS: [&str; 2] = ["stale", "run_ended"];
 
+/// The phases of an RL step (`rlmesh_step_phase_seconds{phase}`).
+pub const STEP_PHASES: [&str; 5] = ["generate", "tools", "reward", "train", "sync"];
+
+/// The roles whose waiting is measured (`rlmesh_idle_ratio{role}`).
+pub const IDLE_ROLES: [&str; 2] = ["learner", "rollout"];
+
 impl Metrics {
     /// Series whose label values are known in advance exist from the start at
     /// zero, so `rate()`, dashboards and alerts see them before the first event.
@@ -206,6 +232,12 @@ impl Metrics {
         }
         for reason in DROP_REASONS {
             self.groups_dropped_total.with_label_values(&[reason]);
+        }
+        for phase in STEP_PHASES {
+            self.step_phase_seconds.with_label_values(&[phase]);
+        }
+        for role in IDLE_ROLES {
+            self.idle_ratio.with_label_values(&[role]);
         }
     }
 }

@@ -185,3 +185,11 @@ fn a_real_prometheus_server_scrapes_the_endpoint() {
         }
     }
 }
+
+/// The README's metric table is the one generated from the definitions, word for word.
+#[test]
+fn the_readme_metric_table_is_the_generated_one() {
+    let readme = std::fs::read_to_string(std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../README.md")).unwrap();
+    let table = markdown_table();
+    assert!(readme.contains(&table), "README.md's metric table differs from metrics::markdown_table(); paste this one:\n{table}");
+}

@@ -34,6 +34,11 @@ pub(super) struct Driver {
 }
 
 impl Driver {
+    /// How many rollout actors are live now, here and in other processes.
+    pub(super) fn rollout_actors(&self) -> usize {
+        self.live().len()
+    }
+
     pub(super) fn live(&self) -> Vec<ActorRef<RolloutMsg>> {
         let local: Vec<ActorRef<RolloutMsg>> = self.slots.lock().expect("slots lock").iter().flatten().cloned().collect();
         local.into_iter().chain(self.remote.iter().cloned()).filter(|r| r.get_status() == ractor::ActorStatus::Running).collect()

@@ -88,6 +88,20 @@ pub(super) struct StepPhases {
 }
 
 impl StepPhases {
+    /// Observes the step on its histograms and sets each role's idle ratio,
+    /// `rollout_actors` sharing the generation.
+    pub(super) fn observe(&self, metrics: &Metrics, rollout_actors: usize) {
+        metrics.step_seconds.observe(self.step_seconds);
+        let phases = [self.generate, self.tools, self.reward, self.train, self.sync];
+        for (name, secs) in crate::metrics::STEP_PHASES.iter().zip(phases) {
+            metrics.step_phase_seconds.with_label_values(&[name]).observe(secs);
+        }
+        let step = self.step_seconds.max(1e-9);
+        let idle = |busy: f64| (1.0 - busy / step).clamp(0.0, 1.0);
+        metrics.idle_ratio.with_label_values(&["learner"]).set(idle(self.train));
+        metrics.idle_ratio.with_label_values(&["rollout"]).set(idle((self.generate + self.tools) / rollout_actors.max(1) as f64));
+    }
+
     pub(super) fn record(&self, row: &mut Value) {
         row["step_seconds"] = json!(self.step_seconds);
         row["generated_tokens"] = json!(self.generated_tokens);

@@ -241,6 +241,7 @@ impl<'a> RlLoop<'a> {
         self.last_record = Instant::now();
         let facts = StepFacts { step, version, stats: &stats, admitted: &admitted, gen_tok_s, max_stale, seconds: self.cx.t0.elapsed().as_secs_f64(), phases: &self.phases };
         let row = step_record(metrics, recipe, &facts);
+        self.phases.observe(metrics, driver.rollout_actors());
         self.phases = StepPhases::default();
         self.metrics_log.write(&row)?;
         let steps = self.cx.steps;
