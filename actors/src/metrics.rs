@@ -178,6 +178,10 @@ metrics! {
         "Seconds of each RL step spent per phase (generate, tools, reward, train, sync), summed over the rollout answers of the step; generation overlaps training when the mode runs ahead.";
     idle_ratio: GaugeVec["role"] => "rlmesh_idle_ratio",
         "Share of the last RL step a role waited (learner: 1 - train / step; rollout: 1 - (generate + tools) / (step × rollout actors)).";
+    weight_sync_digest_failures_total: IntCounter => "rlmesh_weight_sync_digest_failures_total",
+        "Policy versions this process refused because a bucket's digest did not match the sender's.";
+    restart_budget_left: GaugeVec["actor"] => "rlmesh_restart_budget_left",
+        "Restarts each supervised actor has left before its supervisor gives up on it.";
     warmup_step: Gauge => "rlmesh_warmup_step",
         "SFT warm-up steps done.";
     warmup_loss: Gauge => "rlmesh_warmup_loss",

@@ -37,3 +37,51 @@ fn updates_load_exactly_and_corruption_is_refused() {
     let back: rlmesh_actors::weight_sync::WeightUpdate = rlmesh_core::wire::decode(&rlmesh_core::wire::encode(&update).unwrap()).unwrap();
     assert_eq!(back, update);
 }
+
+/// The same refusal through a rollout actor: the version is refused with the
+/// bucket named, counted on the process's `rlmesh_weight_sync_digest_failures_total`
+/// (what the RlmeshDigestMismatch alert watches), and the next faithful version loads.
+#[test]
+fn a_rollout_actor_refuses_and_counts_a_corrupted_version() {
+    use ractor::Actor;
+    use rlmesh_actors::metrics::Metrics;
+    use rlmesh_actors::rollout::actor::{RolloutActor, RolloutArgs, RolloutMsg};
+    use std::sync::atomic::AtomicU64;
+    use std::sync::Arc;
+    let root = Path::new(env!("CARGO_MANIFEST_DIR")).parent().unwrap().to_path_buf();
+    let out = std::process::Command::new(root.join("scripts/prepare-models.sh")).output().unwrap();
+    assert!(out.status.success());
+    let tokenizer = Path::new(String::from_utf8(out.stdout).unwrap().trim().lines().last().unwrap()).join("smollm2-135m");
+    let tmp = tempfile::tempdir().unwrap();
+    let dir = tmp.path().join("policy");
+    model(3).save(&dir, None).unwrap();
+    for f in ["tokenizer.json", "tokenizer_config.json"] {
+        std::fs::copy(tokenizer.join(f), dir.join(f)).unwrap();
+    }
+    let metrics = Metrics::new();
+    let args = RolloutArgs {
+        model_dir: dir,
+        tools: vec!["calculator".into()],
+        limits: Default::default(),
+        config: Default::default(),
+        threads: 1,
+        panic_on_request: None,
+        requests: Arc::new(AtomicU64::new(0)),
+        metrics: Some(metrics.clone()),
+    };
+    let rt = tokio::runtime::Runtime::new().unwrap();
+    rt.block_on(async {
+        let (actor, _) = Actor::spawn(None, RolloutActor, args).await.unwrap();
+        let update = pack(&model(4), 7);
+        let mut bad = update.clone();
+        let mid = bad.image.len() / 2;
+        bad.image[mid] ^= 0x01;
+        let refused = ractor::call!(actor, RolloutMsg::LoadWeights, bad).unwrap();
+        assert!(refused.as_ref().is_err_and(|e| e.contains("digest mismatch") && e.contains("refused")), "{refused:?}");
+        assert_eq!(metrics.weight_sync_digest_failures_total.get(), 1);
+        let ack = ractor::call!(actor, RolloutMsg::LoadWeights, update.clone()).unwrap().unwrap();
+        assert_eq!((ack.version, ack.digest), (7, update.digest));
+        assert_eq!(metrics.weight_sync_digest_failures_total.get(), 1, "a faithful version is not counted");
+        actor.stop(None);
+    });
+}

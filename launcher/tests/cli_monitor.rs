@@ -119,8 +119,10 @@ fn a_real_prometheus_scrapes_every_process_of_a_live_run_through_the_generated_c
     assert_eq!(targets.as_array().unwrap().len(), 6);
     let config = run.join("prometheus/prometheus.yml");
     assert!(std::fs::read_to_string(&config).unwrap().contains("rules.yml"), "the run's config loads the alert rules");
-    for args in [["check", "config", config.to_str().unwrap()], ["check", "rules", repo().join("deploy/prometheus/rules.yml").to_str().unwrap()]] {
-        let check = Command::new(&promtool).args(args).output().unwrap();
+    let rules = repo().join("deploy/prometheus/rules.yml");
+    let rules_test = repo().join("deploy/prometheus/rules_test.yml");
+    for args in [vec!["check", "config", config.to_str().unwrap()], vec!["check", "rules", rules.to_str().unwrap()], vec!["test", "rules", rules_test.to_str().unwrap()]] {
+        let check = Command::new(&promtool).args(&args).output().unwrap();
         assert!(check.status.success(), "promtool {args:?}: {}{}", String::from_utf8_lossy(&check.stdout), String::from_utf8_lossy(&check.stderr));
     }
 
@@ -175,7 +177,7 @@ fn a_real_prometheus_scrapes_every_process_of_a_live_run_through_the_generated_c
         let v = api(&listen, "/api/v1/rules").unwrap_or_default();
         let rules: Vec<Value> = v["data"]["groups"].as_array().map(|g| g.iter().flat_map(|g| g["rules"].as_array().cloned().unwrap_or_default()).collect()).unwrap_or_default();
         let evaluated = rules.iter().filter(|r| r["health"] == "ok" && !r["lastEvaluation"].as_str().unwrap_or("0001").starts_with("0001")).count();
-        if rules.len() == 8 && evaluated == 8 {
+        if rules.len() == 10 && evaluated == 10 {
             break;
         }
         assert!(t0.elapsed() < Duration::from_secs(60), "rules not all loaded and healthy: {rules:?}");

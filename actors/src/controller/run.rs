@@ -700,6 +700,7 @@ pub async fn run(opts: RunOptions) -> Result<Summary, RunError> {
             threads: (cores / local_rollouts.max(1) as i32).max(1),
             panic_on_request: if i == 0 { opts.panic_rollout_on_request } else { None },
             requests: Arc::new(AtomicU64::new(0)),
+            metrics: Some((*metrics).clone()),
         })
         .collect();
     let (supervisor, _) = Actor::spawn(

@@ -64,6 +64,7 @@ impl Actor for RolloutSupervisor {
             refs.push(Some(Self::start(&myself, a, i).await?));
             // At zero from the start, so a dashboard shows every supervised actor.
             args.metrics.actor_restarts_total.with_label_values(&[&format!("rollout-{i}")]);
+            args.metrics.restart_budget_left.with_label_values(&[&format!("rollout-{i}")]).set(f64::from(args.restart_budget));
         }
         *args.slots.lock().expect("slots lock") = refs;
         let n = args.actors.len();
@@ -96,6 +97,7 @@ impl Actor for RolloutSupervisor {
         tokio::time::sleep(backoff).await;
         let r = Self::start(&myself, &state.args.actors[i], i).await?;
         state.args.metrics.actor_restarts_total.with_label_values(&[&label]).inc();
+        state.args.metrics.restart_budget_left.with_label_values(&[&label]).set(f64::from(state.args.restart_budget - state.restarts[i]));
         state.args.slots.lock().expect("slots lock")[i] = Some(r);
         Ok(())
     }

@@ -185,7 +185,7 @@ pub async fn serve() -> Result<(), String> {
                 match msg {
                     ControlMsg::Setup(setup) => {
                         let out = match setup.get::<NodeSetup>("NodeSetup") {
-                            Ok(s) => host(&mut hosted, s, &cookie.to_hex(), &tx, &env.controller, &outboxes).await,
+                            Ok(s) => host(&mut hosted, s, &cookie.to_hex(), &tx, &env.controller, &outboxes, &metrics).await,
                             Err(e) => Err(e),
                         };
                         if let Err(e) = &out {
@@ -233,7 +233,7 @@ pub async fn serve() -> Result<(), String> {
     Ok(())
 }
 
-async fn host(hosted: &mut Hosted, s: NodeSetup, cookie: &str, tx: &ControlSender<ControlMsg>, controller: &str, outboxes: &Outboxes) -> Result<(), String> {
+async fn host(hosted: &mut Hosted, s: NodeSetup, cookie: &str, tx: &ControlSender<ControlMsg>, controller: &str, outboxes: &Outboxes, metrics: &Metrics) -> Result<(), String> {
     pin_process(&s.cpus)?;
     hosted.controller_data = s.controller_data.clone();
     if let Some(spec) = &s.weights {
@@ -248,6 +248,7 @@ async fn host(hosted: &mut Hosted, s: NodeSetup, cookie: &str, tx: &ControlSende
             threads: s.threads,
             panic_on_request: None,
             requests: Arc::new(AtomicU64::new(0)),
+            metrics: Some(metrics.clone()),
         };
         let (a, _) = Actor::spawn(None, RolloutActor, args).await.map_err(|e| format!("rollout actor: {e}"))?;
         hosted.rollout = Some(a);

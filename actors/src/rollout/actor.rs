@@ -2,7 +2,7 @@
 //! generation requests with groups of trajectories and loading new versions.
 use super::{rollout_groups_timed, RolloutConfig};
 use crate::device::DeviceThread;
-use crate::weight_sync::{apply, WeightAck, WeightUpdate};
+use crate::weight_sync::{apply, WeightAck, WeightError, WeightUpdate};
 use ractor::{Actor, ActorProcessingErr, ActorRef, RpcReplyPort};
 use rlmesh_core::tools::{ExecLimits, ToolRegistry};
 use rlmesh_core::{Group, Task};
@@ -82,6 +82,8 @@ pub struct RolloutArgs {
     pub panic_on_request: Option<u64>,
     /// Requests seen by this actor slot (shared across restarts).
     pub requests: Arc<AtomicU64>,
+    /// The process's metrics (refused versions are counted there), if it serves any.
+    pub metrics: Option<crate::metrics::Metrics>,
 }
 
 /// What the device thread owns.
@@ -147,10 +149,16 @@ impl Actor for RolloutActor {
                 let _ = reply.send(out);
             }
             RolloutMsg::LoadWeights(update, reply) => {
+                let metrics = state.args.metrics.clone();
                 let out = state
                     .device
                     .run(move |d| -> Result<WeightAck, String> {
-                        let ack = apply(&d.model, &update).map_err(|e| e.to_string())?;
+                        let ack = apply(&d.model, &update).map_err(|e| {
+                            if let (WeightError::Digest { .. }, Some(m)) = (&e, &metrics) {
+                                m.weight_sync_digest_failures_total.inc();
+                            }
+                            e.to_string()
+                        })?;
                         d.version = ack.version;
                         Ok(ack)
                     })
