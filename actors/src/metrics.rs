@@ -182,6 +182,12 @@ metrics! {
         "Policy versions this process refused because a bucket's digest did not match the sender's.";
     restart_budget_left: GaugeVec["actor"] => "rlmesh_restart_budget_left",
         "Restarts each supervised actor has left before its supervisor gives up on it.";
+    tool_call_seconds: HistogramVec["tool"] buckets prometheus::exponential_buckets(0.0001, 4.0, 10).expect("valid buckets") => "rlmesh_tool_call_seconds",
+        "Wall seconds of each tool call in trained rollouts (tool: a name the tasks allow, or other).";
+    tool_calls_total: IntCounterVec["tool", "outcome"] => "rlmesh_tool_calls_total",
+        "Tool calls in trained rollouts (outcome: ok, or error: the tool failed, refused its arguments, or does not exist).";
+    turns_per_trajectory: Histogram buckets vec![1.0, 2.0, 3.0, 4.0, 5.0, 6.0, 8.0, 12.0, 16.0] => "rlmesh_turns_per_trajectory",
+        "Assistant turns of each trained rollout (tool-calling turns and the final answer).";
     warmup_step: Gauge => "rlmesh_warmup_step",
         "SFT warm-up steps done.";
     warmup_loss: Gauge => "rlmesh_warmup_loss",
@@ -224,6 +230,33 @@ pub const STEP_PHASES: [&str; 5] = ["generate", "tools", "reward", "train", "syn
 
 /// The roles whose waiting is measured (`rlmesh_idle_ratio{role}`).
 pub const IDLE_ROLES: [&str; 2] = ["learner", "rollout"];
+
+/// The `tool` label of a call to a tool no task allows (a bounded label set).
+pub const OTHER_TOOL: &str = "other";
+
+impl Metrics {
+    /// Starts the tool series at zero for every tool the tasks allow, and `other`.
+    pub fn zero_tool_series(&self, tools: &[String]) {
+        for tool in tools.iter().map(String::as_str).chain([OTHER_TOOL]) {
+            self.tool_call_seconds.with_label_values(&[tool]);
+            for outcome in ["ok", "error"] {
+                self.tool_calls_total.with_label_values(&[tool, outcome]);
+            }
+        }
+    }
+
+    /// Counts the tool calls and turns of trained rollouts; a tool outside `tools` is counted as `other`.
+    pub fn observe_rollouts<'t>(&self, trajectories: impl Iterator<Item = &'t rlmesh_core::Trajectory>, tools: &[String]) {
+        for t in trajectories {
+            self.turns_per_trajectory.observe(t.messages.iter().filter(|m| m.role == "assistant").count() as f64);
+            for s in &t.steps {
+                let tool = if tools.iter().any(|n| *n == s.name) { s.name.as_str() } else { OTHER_TOOL };
+                self.tool_call_seconds.with_label_values(&[tool]).observe(s.latency_ms / 1000.0);
+                self.tool_calls_total.with_label_values(&[tool, if s.success { "ok" } else { "error" }]).inc();
+            }
+        }
+    }
+}
 
 impl Metrics {
     /// Series whose label values are known in advance exist from the start at

@@ -193,3 +193,40 @@ fn the_readme_metric_table_is_the_generated_one() {
     let table = markdown_table();
     assert!(readme.contains(&table), "README.md's metric table differs from metrics::markdown_table(); paste this one:\n{table}");
 }
+
+/// Tool calls and turns of trained rollouts, counted by hand: a known tool
+/// keeps its name, any other is `other`; failed calls are errors.
+#[test]
+fn tool_calls_and_turns_are_counted_per_tool_with_a_bounded_label_set() {
+    let step = |name: &str, ok: bool, ms: f64| {
+        serde_json::json!({"turn": 0, "index": 0, "name": name, "arguments": {}, "result": "1", "success": ok, "error": null, "latency_ms": ms, "repeated": false})
+    };
+    let trajectory = |steps: Vec<serde_json::Value>, assistant_turns: usize| -> rlmesh_core::Trajectory {
+        let mut messages = vec![serde_json::json!({"role": "user", "content": "q"})];
+        for _ in 0..assistant_turns {
+            messages.push(serde_json::json!({"role": "assistant", "content": "a"}));
+            messages.push(serde_json::json!({"role": "tool", "content": "1"}));
+        }
+        serde_json::from_value(serde_json::json!({
+            "task_id": "t", "sample_index": 0, "prompt_len": 1, "rendered_prompt": "", "token_ids": [1], "loss_mask": [0], "logprobs": [0.0],
+            "versions": [0], "segments": [], "summary": null, "steps": steps, "format_errors": [], "messages": messages,
+            "completion": "", "final_answer": "", "stop_reason": "answered"
+        }))
+        .unwrap()
+    };
+    let m = Metrics::new();
+    let tools = vec!["calculator".to_string()];
+    m.zero_tool_series(&tools);
+    let ts = [trajectory(vec![step("calculator", true, 2.0), step("calculator", false, 4.0)], 3), trajectory(vec![step("web_search", false, 1.0)], 2), trajectory(vec![], 1)];
+    m.observe_rollouts(ts.iter(), &tools);
+    let calls = |tool: &str, outcome: &str| m.tool_calls_total.with_label_values(&[tool, outcome]).get();
+    assert_eq!((calls("calculator", "ok"), calls("calculator", "error"), calls("other", "error"), calls("other", "ok")), (1, 1, 1, 0));
+    let latency = m.tool_call_seconds.with_label_values(&["calculator"]);
+    assert_eq!(latency.get_sample_count(), 2);
+    assert!((latency.get_sample_sum() - 0.006).abs() < 1e-12);
+    assert_eq!(m.turns_per_trajectory.get_sample_count(), 3);
+    assert_eq!(m.turns_per_trajectory.get_sample_sum(), 6.0);
+    // Only the allowed tools and `other` ever appear as labels.
+    let text = m.encode();
+    assert!(!text.contains("web_search"), "an unknown tool name must not become a label");
+}

@@ -42,6 +42,8 @@ pub(super) struct RlContext<'a> {
     /// Wall seconds of the processes before this one (a resumed run), and this one's start.
     pub(super) earlier_seconds: f64,
     pub(super) t0: Instant,
+    /// The tools the training tasks allow (the `tool` label's values; any other call is `other`).
+    pub(super) tools: Vec<String>,
 }
 
 /// A rollout request out, with the groups it carries.
@@ -215,6 +217,7 @@ impl<'a> RlLoop<'a> {
         self.phases.train += training.elapsed().as_secs_f64();
         self.step += 1;
         let step = self.step;
+        metrics.observe_rollouts(admitted.iter().flat_map(|g| &g.group.trajectories), &self.cx.tools);
         for g in &admitted {
             self.ledger.trained(g.group.group_id, step)?;
             metrics.groups_trained_total.inc();

@@ -533,6 +533,12 @@ fn open_ledger(dir: &Path, start: Option<&Cursor>, train: &[Task], progress: &Pr
     Ok((ledger, retry))
 }
 
+/// Every tool some training task allows, sorted.
+fn allowed_tools(train: &[Task]) -> Vec<String> {
+    let set: std::collections::BTreeSet<&String> = train.iter().flat_map(|t| &t.allowed_tools).collect();
+    set.into_iter().cloned().collect()
+}
+
 /// Run a recipe to the end; returns the summary (also written to `summary.json`).
 pub async fn run(opts: RunOptions) -> Result<Summary, RunError> {
     let t0 = Instant::now();
@@ -765,7 +771,9 @@ pub async fn run(opts: RunOptions) -> Result<Summary, RunError> {
         after_warmup_sampled: &after_warmup_sampled,
         earlier_seconds: start.wall_seconds,
         t0,
+        tools: allowed_tools(&train),
     };
+    metrics.zero_tool_series(&cx.tools);
     let mut rl = RlLoop::open(cx, ledger, retry, &start, version, opts.record_batches)?;
     rl.run(&mut driver, &mut status).await?;
     let (step, version) = (rl.step, rl.version);
