@@ -290,19 +290,20 @@ pub fn grpo(a: GrpoArgs) -> CliResult {
     let r = &recipe.rl;
     let e = &recipe.estimator;
     let scale = e.scale_rewards.map(|s| format!("{s:?}").to_lowercase()).unwrap_or_else(|| "group".into());
+    // The reward as `launcher reward` and the Python port name it.
+    let reward_kind = match recipe.reward {
+        RewardKind::FinalOnly => "final_only",
+        _ => "process",
+    };
     let spec = |out: &Path, save: bool| {
         json!({
             "model_dir": warm, "out_dir": out, "threads": threads, "seed": recipe.seed, "steps": a.steps,
             "gradient_checkpointing": a.peer_gradient_checkpointing, "save_model": save,
             "group_size": r.group_size, "groups_per_step": r.groups_per_step, "lr": r.lr, "temperature": r.temperature,
             "max_turns": r.max_turns, "max_new_tokens": r.max_new_tokens, "clip_eps": e.clip_eps, "kl_coef": e.kl_coef,
-            "scale_rewards": scale, "max_grad_norm": 1.0, "reward": format!("{:?}", recipe.reward).to_lowercase(),
+            "scale_rewards": scale, "max_grad_norm": 1.0, "reward": reward_kind,
             "tools": recipe.tools, "tasks": tasks,
         })
-    };
-    let reward_kind = match recipe.reward {
-        RewardKind::FinalOnly => "final_only",
-        _ => "process",
     };
     println!(
         "bench grpo: {} — {} RL steps × {} groups × G = {}, {} turns of ≤ {} tokens, lr {}, {threads} threads, TRL gradient checkpointing {}; {} rounds (ratio: median of the rounds')",
