@@ -180,6 +180,8 @@ metrics! {
         "Share of the last RL step a role waited (learner: 1 - train / step; rollout: 1 - (generate + tools) / (step × rollout actors)).";
     weight_sync_digest_failures_total: IntCounter => "rlmesh_weight_sync_digest_failures_total",
         "Policy versions this process refused because a bucket's digest did not match the sender's.";
+    weight_sync_bytes_received_total: IntCounter => "rlmesh_weight_sync_bytes_received_total",
+        "Bytes of the policy versions this process's rollout actor loaded (digest-checked; refused versions are not counted).";
     restart_budget_left: GaugeVec["actor"] => "rlmesh_restart_budget_left",
         "Restarts each supervised actor has left before its supervisor gives up on it.";
     tool_call_seconds: HistogramVec["tool"] buckets prometheus::exponential_buckets(0.0001, 4.0, 10).expect("valid buckets") => "rlmesh_tool_call_seconds",

@@ -159,6 +159,9 @@ impl Actor for RolloutActor {
                             }
                             e.to_string()
                         })?;
+                        if let Some(m) = &metrics {
+                            m.weight_sync_bytes_received_total.inc_by(update.image.len() as u64);
+                        }
                         d.version = ack.version;
                         Ok(ack)
                     })
