@@ -139,3 +139,37 @@ fn a_cookie_flag_is_refused_for_the_environment_variable() {
     assert!(outs[0].stderr.contains("RLMESH_COMM_COOKIE"), "{}", outs[0].stderr);
     assert!(!WorkerArgs::new(0, 1, "127.0.0.1:1").to_args().iter().any(|a| a.contains("cookie")));
 }
+
+/// An abort from another thread (the ring's `ncclCommAbort`) ends a collective
+/// blocked on a silent peer at once, long before the timeout, on this rank and
+/// on the peer through the closed links.
+#[test]
+fn an_abort_ends_a_blocked_collective_at_once_on_every_rank() {
+    use rlmesh_comm::{Buf, Collective, RingComm, RingConfig};
+    let addr = free_loopback_addr();
+    let cfg = |rank| RingConfig::new(rank, 2, addr.clone()).cookie("abort-test").timeout(Duration::from_secs(60));
+    let (c1, a2) = (cfg(1), cfg(0));
+    let one = std::thread::spawn(move || {
+        let mut comm = RingComm::connect(c1).unwrap();
+        let abort = comm.abort_handle().unwrap();
+        let t0 = Instant::now();
+        let aborter = std::thread::spawn(move || {
+            std::thread::sleep(Duration::from_millis(300));
+            abort.abort();
+        });
+        // Rank 0 never sends: only the abort can end this wait.
+        let mut buf = vec![0f32; 1024];
+        let r = comm.broadcast(Buf::host(&mut buf), 0);
+        aborter.join().unwrap();
+        (r.is_err(), t0.elapsed())
+    });
+    let mut zero = RingComm::connect(a2).unwrap();
+    let (failed, waited) = one.join().unwrap();
+    assert!(failed, "the aborted broadcast returned Ok");
+    assert!(waited < Duration::from_secs(5), "the abort took {waited:?} (timeout 60 s)");
+    // The peer's next collective fails at once too: its links are closed.
+    let t0 = Instant::now();
+    let mut buf = vec![1f32; 1024];
+    assert!(zero.all_reduce(Buf::host(&mut buf), rlmesh_comm::ReduceOp::Sum).is_err());
+    assert!(t0.elapsed() < Duration::from_secs(5), "the peer waited {:?}", t0.elapsed());
+}

@@ -2,12 +2,33 @@
 //! each with its own OpenSSH server (mesh::testing::TestHosts). The
 //! controller, the learner and the reward actor run on h0, where `up` is
 //! started; one rollout process runs on each of h1 and h2, started over real
-//! ssh. Where namespaces cannot be created the test prints SKIPPED and passes.
+//! ssh. A second test cuts h2 off the network mid-run. Where namespaces cannot
+//! be created the tests print SKIPPED and pass.
 mod common;
 
 use common::*;
 use rlmesh_mesh::testing::TestHosts;
 use serde_json::Value;
+
+/// The three-host topology: controller, learner and reward actor in h0's `main`, one rollout process on each of h1 and h2.
+fn three_hosts(hosts: &TestHosts, dir: &std::path::Path, name: &str) -> std::path::PathBuf {
+    let nodes: String = (0..3).map(|i| format!("[[nodes]]\nname = \"h{i}\"\nhost = \"{}\"\n", hosts.address(i))).collect();
+    let topo = dir.join(format!("{name}.topology.toml"));
+    std::fs::write(
+        &topo,
+        format!(
+            "name = \"{name}\"\n{nodes}\n[ports]\ncontrol = 29500\ndata = 29600\nmetrics = 9100\nmaster = 29400\n\
+             [ssh]\nconfig_file = \"{}\"\n\
+             [controller]\nnode = \"h0\"\nprocess = \"main\"\n[weight_sync]\nnode = \"h0\"\nprocess = \"main\"\n\
+             [rollout]\nplacement = [{{ node = \"h1\", actors = 1 }}, {{ node = \"h2\", actors = 1 }}]\n\
+             [reward]\nplacement = [{{ node = \"h0\", actors = 1, process = \"main\" }}]\n\
+             [learner]\nranks = 1\nplacement = [{{ node = \"h0\", actors = 1, process = \"main\" }}]\n",
+            hosts.ssh_config_path().display()
+        ),
+    )
+    .unwrap();
+    topo
+}
 
 #[test]
 fn a_three_host_run_over_ssh_trains_every_group_once() {
@@ -20,21 +41,7 @@ fn a_three_host_run_over_ssh_trains_every_group_once() {
          [rl]\nsteps = 4\ngroup_size = 4\ngroups_per_step = 2\nmax_turns = 2\nmax_new_tokens = 24\nmode = \"one_step_off\"\n",
     )
     .unwrap();
-    let nodes: String = (0..3).map(|i| format!("[[nodes]]\nname = \"h{i}\"\nhost = \"{}\"\n", hosts.address(i))).collect();
-    let topo = tmp.path().join("three-hosts.toml");
-    std::fs::write(
-        &topo,
-        format!(
-            "name = \"three-hosts\"\n{nodes}\n[ports]\ncontrol = 29500\ndata = 29600\nmetrics = 9100\nmaster = 29400\n\
-             [ssh]\nconfig_file = \"{}\"\n\
-             [controller]\nnode = \"h0\"\nprocess = \"main\"\n[weight_sync]\nnode = \"h0\"\nprocess = \"main\"\n\
-             [rollout]\nplacement = [{{ node = \"h1\", actors = 1 }}, {{ node = \"h2\", actors = 1 }}]\n\
-             [reward]\nplacement = [{{ node = \"h0\", actors = 1, process = \"main\" }}]\n\
-             [learner]\nranks = 1\nplacement = [{{ node = \"h0\", actors = 1, process = \"main\" }}]\n",
-            hosts.ssh_config_path().display()
-        ),
-    )
-    .unwrap();
+    let topo = three_hosts(&hosts, tmp.path(), "three-hosts");
     let run = tmp.path().join("run");
     // `up` runs inside h0, so h0's address is this machine's and h1, h2 are reached over ssh.
     let out = hosts
@@ -64,5 +71,65 @@ fn a_three_host_run_over_ssh_trains_every_group_once() {
         // The remote process left with the run: nothing of ours is still running on that host.
         let pid = status["processes"][i]["pid"].as_u64().unwrap() as u32;
         assert!(!hosts.pids(i).contains(&pid), "h{i}: rollout process {pid} outlived the run");
+    }
+}
+
+/// Host h2 is cut off the network (its link down) in the middle of RL: its
+/// rollout process is declared lost within the heartbeat deadline, leaves
+/// routing, the weight-sync group is formed again without it, and the run
+/// finishes on h1 with every group trained exactly once. The process on h2
+/// notices its controller is gone and leaves by itself.
+#[test]
+fn a_lost_rollout_host_leaves_routing_and_the_run_goes_on() {
+    let Some(hosts) = TestHosts::start_or_skip(3) else { return };
+    let tmp = tempfile::tempdir().unwrap();
+    let recipe = tmp.path().join("lost-host.toml");
+    std::fs::write(
+        &recipe,
+        "reward = \"process\"\n[model]\nhidden = 32\nlayers = 1\n[tasks]\nsize = 64\nheld_out = 100\n[sft]\nsteps = 2\nbatch_size = 4\ntasks = 256\n\
+         [rl]\nsteps = 200\ngroup_size = 2\ngroups_per_step = 2\nmax_turns = 2\nmax_new_tokens = 16\nmode = \"sync\"\n",
+    )
+    .unwrap();
+    let topo = three_hosts(&hosts, tmp.path(), "lost-host");
+    let run = tmp.path().join("run");
+    let log = tmp.path().join("up.log");
+    let mut child = hosts
+        .exec_in(0)
+        .arg(env!("CARGO_BIN_EXE_launcher"))
+        .current_dir(repo())
+        .args(["up", topo.to_str().unwrap(), "--recipe", recipe.to_str().unwrap(), "--run-dir", run.to_str().unwrap(), "--eval-limit", "4"])
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::fs::File::create(&log).unwrap())
+        .spawn()
+        .unwrap();
+    let t0 = std::time::Instant::now();
+    while std::fs::read_to_string(run.join("metrics.jsonl")).map(|s| s.lines().count()).unwrap_or(0) < 3 {
+        assert!(child.try_wait().unwrap().is_none(), "the run ended early: {}", std::fs::read_to_string(&log).unwrap_or_default());
+        assert!(t0.elapsed() < std::time::Duration::from_secs(180), "no RL step 3: {}", std::fs::read_to_string(&log).unwrap_or_default());
+        std::thread::sleep(std::time::Duration::from_millis(50));
+    }
+    let status: Value = serde_json::from_str(&std::fs::read_to_string(run.join("status.json")).unwrap()).unwrap();
+    let h2_pid = status["processes"][2]["pid"].as_u64().unwrap() as u32;
+    hosts.cut(2).unwrap();
+    let cut = std::time::Instant::now();
+    let out = child.wait_with_output().unwrap();
+    let took = cut.elapsed();
+    hosts.restore(2).unwrap();
+    let logged = std::fs::read_to_string(&log).unwrap();
+    assert!(out.status.success(), "the run goes on without h2:\n{logged}");
+    eprintln!("the run ended {took:?} after h2 was cut");
+    let summary: Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(summary["steps"], 200);
+    assert!(logged.contains("h2/rollout-1 is lost"), "{logged}");
+    let (trained, dispatched) = ledger_counts(&run);
+    assert_eq!(trained.len(), dispatched, "every dispatched group is trained");
+    assert!(trained.values().all(|&n| n == 1), "a group trained twice: {trained:?}");
+    let h1 = std::fs::read_to_string(run.join("logs/h1_rollout-0.log")).unwrap();
+    assert!(h1.contains("joining epoch 1 as rank 1 of 2"), "h1 formed the group again without h2:\n{h1}");
+    // The cut-off process noticed its controller was gone and left.
+    let t1 = std::time::Instant::now();
+    while hosts.pids(2).contains(&h2_pid) {
+        assert!(t1.elapsed() < std::time::Duration::from_secs(20), "h2's rollout process {h2_pid} outlived its run");
+        std::thread::sleep(std::time::Duration::from_millis(100));
     }
 }

@@ -467,6 +467,12 @@ impl<M: WireMessage> ControlSender<M> {
         &self.shared.name
     }
 
+    /// Forgets `peer`'s state (its send window, its loss): a process started
+    /// again under the same name joins as new, and its message counts start at zero.
+    pub fn forget(&self, peer: &str) {
+        self.shared.peers.lock().expect("peers lock").remove(peer);
+    }
+
     /// How long ago `peer` was last heard from (`None`: never).
     pub fn last_heard(&self, peer: &str) -> Option<Duration> {
         self.shared.peers.lock().expect("peers lock").get(peer).map(|p| p.last_seen.elapsed())

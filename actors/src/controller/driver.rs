@@ -22,12 +22,14 @@ pub(super) struct Driver {
     pub(super) reward: ActorRef<RewardMsg>,
     pub(super) weight_sync: ActorRef<WeightSyncMsg>,
     pub(super) slots: RolloutSlots,
-    /// Proxies of the rollout actors in other processes.
-    pub(super) remote: Vec<ActorRef<RolloutMsg>>,
+    /// Proxies of the rollout actors in other processes (a slot is empty while its process is down).
+    pub(super) remote: RolloutSlots,
     /// Their weight-sync group, when there is one.
     pub(super) publisher: Option<Publisher>,
     pub(super) metrics: Arc<Metrics>,
     pub(super) latest: Option<WeightUpdate>,
+    /// The version published last: every actor is brought to it before its next request.
+    pub(super) current: Option<u64>,
     /// Version each rollout actor (by id) has been sent.
     pub(super) versions: HashMap<ractor::ActorId, u64>,
     pub(super) next_actor: usize,
@@ -41,7 +43,11 @@ impl Driver {
 
     pub(super) fn live(&self) -> Vec<ActorRef<RolloutMsg>> {
         let local: Vec<ActorRef<RolloutMsg>> = self.slots.lock().expect("slots lock").iter().flatten().cloned().collect();
-        local.into_iter().chain(self.remote.iter().cloned()).filter(|r| r.get_status() == ractor::ActorStatus::Running).collect()
+        local.into_iter().chain(self.remote_live()).filter(|r| r.get_status() == ractor::ActorStatus::Running).collect()
+    }
+
+    fn remote_live(&self) -> Vec<ActorRef<RolloutMsg>> {
+        self.remote.lock().expect("slots lock").iter().flatten().cloned().collect()
     }
 
     pub(super) async fn snapshot(&mut self, version: u64) -> Result<(), RunError> {
@@ -57,9 +63,15 @@ impl Driver {
     /// rank 0, or from here when the learner is in this process); actors in
     /// this process, or in processes without a group, through the weight-sync
     /// actor. The controller fetches the image only when it sends it itself.
-    pub(super) async fn publish(&mut self, version: u64, wait: bool) -> Result<Option<tokio::task::JoinHandle<Result<f64, String>>>, RunError> {
+    ///
+    /// A failed broadcast to the rollout processes does not fail the run: the
+    /// processes that missed the version are marked, [`Driver::pick`] loads the
+    /// current version into each before its next request, and the group is
+    /// formed again for the next version. The seconds are `None` then.
+    pub(super) async fn publish(&mut self, version: u64, wait: bool) -> Result<Option<tokio::task::JoinHandle<Result<Option<f64>, String>>>, RunError> {
+        self.current = Some(version);
         let targets = self.live();
-        let remote_ids: std::collections::HashSet<ractor::ActorId> = self.remote.iter().map(|r| r.get_id()).collect();
+        let remote_ids: std::collections::HashSet<ractor::ActorId> = self.remote_live().iter().map(|r| r.get_id()).collect();
         let (remote, local): (Vec<_>, Vec<_>) = targets.into_iter().partition(|t| remote_ids.contains(&t.get_id()));
         let grouped = self.publisher.is_some() && !remote.is_empty();
         let via_actor: Vec<ActorRef<RolloutMsg>> = if grouped { local } else { local.into_iter().chain(remote.iter().cloned()).collect() };
@@ -69,11 +81,23 @@ impl Driver {
         if need_image && self.latest.as_ref().is_none_or(|u| u.version != version) {
             self.snapshot(version).await?;
         }
-        let mut waits: Vec<std::pin::Pin<Box<dyn std::future::Future<Output = Result<f64, String>> + Send>>> = vec![];
+        let mut waits: Vec<std::pin::Pin<Box<dyn std::future::Future<Output = Result<Option<f64>, String>> + Send>>> = vec![];
         if grouped {
             let p = self.publisher.as_ref().expect("grouped");
             let image = if p.needs_image() { self.latest.clone() } else { None };
-            waits.push(Box::pin(p.publish(version, image).await.map_err(actor_err("weight_sync"))?));
+            let recovered = move |e: String| eprintln!("[driver] weight sync v{version} to the rollout processes failed ({e}); each that missed it gets it before its next request");
+            match p.publish(version, image).await {
+                Ok(acks) => waits.push(Box::pin(async move {
+                    match acks.await {
+                        Ok(secs) => Ok(Some(secs)),
+                        Err(e) => {
+                            recovered(e);
+                            Ok(None)
+                        }
+                    }
+                })),
+                Err(e) => recovered(e),
+            }
             for t in &remote {
                 self.versions.insert(t.get_id(), version);
             }
@@ -86,28 +110,34 @@ impl Driver {
             for t in &via_actor {
                 self.versions.insert(t.get_id(), version);
             }
-            waits.push(Box::pin(async move { done_rx.await.map_err(|_| "weight-sync actor stopped".to_string())? }));
+            waits.push(Box::pin(async move { done_rx.await.map_err(|_| "weight-sync actor stopped".to_string())?.map(Some) }));
         }
         self.metrics.policy_version.with_label_values(&["rollout"]).set(version as f64);
         let acks = async move {
-            let mut secs = 0f64;
+            let mut secs: Option<f64> = None;
             for w in waits {
-                secs = secs.max(w.await?);
+                if let Some(s) = w.await? {
+                    secs = Some(secs.map_or(s, |x| x.max(s)));
+                }
             }
             Ok(secs)
         };
         if wait {
-            let secs = acks.await.map_err(actor_err("weight_sync"))?;
-            self.metrics.weight_sync_seconds.observe(secs);
+            if let Some(secs) = acks.await.map_err(actor_err("weight_sync"))? {
+                self.metrics.weight_sync_seconds.observe(secs);
+            }
             Ok(None)
         } else {
             Ok(Some(tokio::spawn(acks)))
         }
     }
 
-    /// The next live rollout actor, brought to the latest version first if it was (re)started since.
+    /// The next live rollout actor, brought to the current version first if it
+    /// missed it ((re)started since, or a broadcast to it failed). Waits up to
+    /// [`Driver::NO_ACTOR_WAIT`] for one (a restart in progress).
     pub(super) async fn pick(&mut self) -> Result<ActorRef<RolloutMsg>, RunError> {
-        for _ in 0..100 {
+        let t0 = std::time::Instant::now();
+        while t0.elapsed() < Self::NO_ACTOR_WAIT {
             let live = self.live();
             if live.is_empty() {
                 tokio::time::sleep(Duration::from_millis(100)).await;
@@ -115,21 +145,31 @@ impl Driver {
             }
             let target = live[self.next_actor % live.len()].clone();
             self.next_actor += 1;
-            if let Some(update) = self.latest.clone() {
-                if self.versions.get(&target.get_id()) != Some(&update.version) {
-                    let v = update.version;
+            if let Some(current) = self.current {
+                let missed = self.publisher.as_ref().is_some_and(|p| p.missed(&target));
+                if missed || self.versions.get(&target.get_id()) != Some(&current) {
+                    if self.latest.as_ref().is_none_or(|u| u.version != current) {
+                        self.snapshot(current).await?;
+                    }
+                    let update = self.latest.clone().expect("snapshot taken");
                     match ractor::call!(target, RolloutMsg::LoadWeights, update) {
                         Ok(Ok(_)) => {
-                            self.versions.insert(target.get_id(), v);
+                            self.versions.insert(target.get_id(), current);
                         }
-                        _ => continue,
+                        _ => {
+                            tokio::time::sleep(Duration::from_millis(50)).await;
+                            continue;
+                        }
                     }
                 }
             }
             return Ok(target);
         }
-        Err(RunError::Actor { actor: "rollout", message: "no live rollout actor (restart budget spent?)".into() })
+        Err(RunError::Actor { actor: "rollout", message: format!("no live rollout actor for {:?} (restart budgets spent?)", Self::NO_ACTOR_WAIT) })
     }
+
+    /// How long [`Driver::pick`] waits for a live rollout actor.
+    const NO_ACTOR_WAIT: Duration = Duration::from_secs(120);
 
     /// The result's groups, scored: by a reward process on their way here, or by this process's reward actor.
     pub(super) async fn score(&self, res: RolloutResult) -> Result<Vec<ScoredGroup>, RunError> {

@@ -69,7 +69,7 @@ pub(super) struct RlLoop<'a> {
     dispatched_requests: u64,
     gen_tokens: usize,
     gen_seconds: f64,
-    publishes: JoinSet<Result<f64, String>>,
+    publishes: JoinSet<Result<Option<f64>, String>>,
     phases: StepPhases,
     last_record: Instant,
     rl_start: Instant,
@@ -234,7 +234,8 @@ impl<'a> RlLoop<'a> {
         self.phases.sync += syncing.elapsed().as_secs_f64();
         while let Some(done) = self.publishes.try_join_next() {
             match done {
-                Ok(Ok(secs)) => metrics.weight_sync_seconds.observe(secs),
+                Ok(Ok(Some(secs))) => metrics.weight_sync_seconds.observe(secs),
+                Ok(Ok(None)) => {}
                 Ok(Err(e)) => progress.line(format!("weight sync failed: {e}")),
                 Err(e) => progress.line(format!("weight sync failed: {e}")),
             }
@@ -307,7 +308,7 @@ impl<'a> RlLoop<'a> {
             self.ledger.dropped(id, "run ended")?;
         }
         while let Some(done) = self.publishes.join_next().await {
-            if let Ok(Ok(secs)) = done {
+            if let Ok(Ok(Some(secs))) = done {
                 metrics.weight_sync_seconds.observe(secs);
             }
         }

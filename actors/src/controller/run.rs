@@ -25,7 +25,7 @@ use crate::metrics::{serve, Metrics};
 use crate::node::fleet::{Fleet, FleetSpec, RoleSetup};
 use crate::node::wire::RolloutSetup;
 use crate::reward::{JudgeSpec, RewardActor, RewardSpec};
-use crate::rollout::actor::{RolloutArgs, RolloutMsg};
+use crate::rollout::actor::RolloutArgs;
 use crate::rollout::RolloutConfig;
 use crate::warmup::{expert_example, pick_strategy};
 use crate::weight_sync::WeightSync;
@@ -135,8 +135,11 @@ pub struct Summary {
     pub steps: u64,
     /// Groups trained / dropped as stale / re-dispatched after a failure.
     pub groups: Value,
-    /// Rollout actor restarts.
+    /// Rollout actor restarts (the first actor in this process).
     pub actor_restarts: u64,
+    /// Restarts of each process of a distributed run that was started again.
+    #[serde(default)]
+    pub process_restarts: std::collections::BTreeMap<String, u32>,
     /// Wall seconds of the whole run.
     pub wall_seconds: f64,
     /// Where `/metrics` was served.
@@ -163,6 +166,16 @@ pub enum RunError {
         actor: &'static str,
         /// What happened.
         message: String,
+    },
+    /// A learner rank's process was lost: the run cannot go on, and is to be
+    /// started again from its newest checkpoint (`launcher up` does so by
+    /// itself, within its restart budget).
+    #[error("a learner rank is lost ({why}): {cause}")]
+    LearnerLost {
+        /// Which process, and how it was lost.
+        why: String,
+        /// The error the run stopped on.
+        cause: String,
     },
     /// The ledger refused a transition.
     #[error(transparent)]
@@ -540,14 +553,32 @@ fn allowed_tools(train: &[Task]) -> Vec<String> {
 }
 
 /// Run a recipe to the end; returns the summary (also written to `summary.json`).
+///
+/// When a learner rank's process is lost, the run fails with
+/// [`RunError::LearnerLost`], after every process of the run has been stopped.
 pub async fn run(opts: RunOptions) -> Result<Summary, RunError> {
+    let lost: LearnerLoss = Arc::default();
+    match run_processes(opts, lost.clone()).await {
+        Err(e @ (RunError::Refused(_) | RunError::Stopped(_))) => Err(e),
+        Err(e) => match lost.lock().expect("loss lock").clone() {
+            Some(why) => Err(RunError::LearnerLost { why, cause: e.to_string() }),
+            None => Err(e),
+        },
+        ok => ok,
+    }
+}
+
+/// Set by the fleet's keeper when a learner rank's process is lost.
+pub type LearnerLoss = Arc<Mutex<Option<String>>>;
+
+async fn run_processes(opts: RunOptions, learner_loss: LearnerLoss) -> Result<Summary, RunError> {
     let t0 = Instant::now();
     // The controller's own tensor work (creating the tiny model) is light: on one
     // thread it leaves no idle OpenMP team behind. libgomp counts every team's
     // threads, and with more of them than cores it stops spin-waiting between
     // parallel regions, which made each warm-up step much slower (measured).
     tch::set_num_threads(1);
-    let progress = Progress::new(opts.progress, t0);
+    let progress = Arc::new(Progress::new(opts.progress, t0));
     let stop = stop_on_sigterm();
     let stopping = || stop.load(std::sync::atomic::Ordering::SeqCst);
     let dir = opts.run_dir.clone();
@@ -571,7 +602,7 @@ pub async fn run(opts: RunOptions) -> Result<Summary, RunError> {
     progress.line(format!("run {} → {} (metrics at http://{metrics_addr}/metrics)", recipe.name, dir.display()));
     // The other processes start now, while this one makes the model.
     let fleet = match &opts.fleet {
-        Some(spec) => Some(Fleet::launch(spec, &dir, metrics.clone(), &|l| progress.line(l)).await.map_err(RunError::Setup)?),
+        Some(spec) => Some(Fleet::launch(spec, &dir, metrics.clone(), learner_loss, &|l| progress.line(l)).await.map_err(RunError::Setup)?),
         None => None,
     };
     let my_roles: Vec<String> = match &fleet {
@@ -653,8 +684,12 @@ pub async fn run(opts: RunOptions) -> Result<Summary, RunError> {
                 reward: reward_spec.clone(),
                 learner: sft_cfg.clone(),
             };
-            let h = f.host(&roles).await.map_err(RunError::Setup)?;
-            progress.line(format!("hosted: {} rollout process(es), {} learner rank(s) elsewhere", h.rollouts.len(), h.learner_ranks));
+            let say: crate::node::fleet::Say = {
+                let p = progress.clone();
+                Arc::new(move |l| p.line(l))
+            };
+            let h = f.host(&roles, say, metrics.clone()).await.map_err(RunError::Setup)?;
+            progress.line(format!("hosted: {} rollout process(es), {} learner rank(s) elsewhere", h.rollouts.lock().expect("slots lock").len(), h.learner_ranks));
             Some(h)
         }
         None => None,
@@ -691,8 +726,8 @@ pub async fn run(opts: RunOptions) -> Result<Summary, RunError> {
     };
 
     // The other actors (rollout actors in this process: the plan's, or one when there is no other).
-    let remote: Vec<ActorRef<RolloutMsg>> = hosted.as_ref().map(|h| h.rollouts.clone()).unwrap_or_default();
-    let local_rollouts = if remote.is_empty() { opts.rollout_actors.max(1) } else { opts.rollout_actors };
+    let remote: RolloutSlots = hosted.as_ref().map(|h| h.rollouts.clone()).unwrap_or_default();
+    let local_rollouts = if remote.lock().expect("slots lock").is_empty() { opts.rollout_actors.max(1) } else { opts.rollout_actors };
     let slots: RolloutSlots = Arc::new(Mutex::new(vec![]));
     let actors: Vec<RolloutArgs> = (0..local_rollouts)
         .map(|i| RolloutArgs {
@@ -728,6 +763,7 @@ pub async fn run(opts: RunOptions) -> Result<Summary, RunError> {
         publisher: hosted.as_mut().and_then(|h| h.publisher.take()),
         metrics: metrics.clone(),
         latest: None,
+        current: None,
         versions: HashMap::new(),
         next_actor: 0,
     };
@@ -822,6 +858,7 @@ pub async fn run(opts: RunOptions) -> Result<Summary, RunError> {
         groups: json!({"trained": counts.trained, "dropped": counts.dropped, "in_flight": counts.dispatched + counts.scored,
                         "stale": rl.gate.stale, "redispatched": metrics.groups_redispatched_total.get()}),
         actor_restarts: metrics.actor_restarts_total.with_label_values(&["rollout-0"]).get(),
+        process_restarts: fleet.as_ref().map(Fleet::restarts).unwrap_or_default(),
         wall_seconds: rl.wall(),
         metrics_addr: metrics_addr.clone(),
     };

@@ -17,13 +17,18 @@
 //!   roles, its threads and cores (the cores of a host are split evenly
 //!   between its rollout and learner processes, each pinned to its share).
 //! - **Serve.** One router task owns the control node and the controller's
-//!   data inbox and hands every reply to the call waiting for it. A process
-//!   declared lost (silent past the heartbeat deadline) fails its calls, and
-//!   its proxy stops, so the driver stops choosing it.
+//!   data inbox and hands every reply to the call waiting for it.
+//! - **Keep.** A process that exits, or falls silent past the heartbeat
+//!   deadline, fails its calls and leaves the driver's choice; rollout and
+//!   reward processes are started again ([`super::keeper`]). The weight-sync
+//!   group is formed again, one epoch higher, whenever its members change.
 use super::serve::endpoint;
 use super::wire::*;
 use super::weights::{GroupSpec, WeightGroup};
+use super::keeper::{KeepPolicy, Keeper};
 use super::{Outboxes, RefusalMirror};
+use crate::controller::run::LearnerLoss;
+use crate::controller::supervisor::RolloutSlots;
 use crate::weight_sync::WeightUpdate;
 use crate::metrics::Metrics;
 use crate::controller::plan::{Plan, Process as Planned};
@@ -40,12 +45,12 @@ use rlmesh_mesh::data_plane::{DataPlaneConfig, Inbox};
 use rlmesh_mesh::frame::FrameCodec;
 use rlmesh_mesh::launch::{Host, Launcher, Process, ProcessSpec, SshConfig};
 use rlmesh_mesh::slurm::SrunConfig;
-use std::collections::{BTreeMap, HashMap};
+use std::collections::{BTreeMap, HashMap, HashSet};
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
-use tokio::sync::oneshot;
+use tokio::sync::{mpsc, oneshot};
 
 /// How to start the processes of a plan.
 #[derive(Clone, Debug)]
@@ -108,8 +113,8 @@ pub struct RoleSetup {
 pub struct Hosted {
     /// Broadcasts versions to the rollout processes (their weight-sync group).
     pub publisher: Option<Publisher>,
-    /// One per rollout process.
-    pub rollouts: Vec<ActorRef<RolloutMsg>>,
+    /// One slot per rollout process (empty while it is down).
+    pub rollouts: RolloutSlots,
     /// The learner ranks, when they are not in the controller's process.
     pub learner: Option<ActorRef<LearnerMsg>>,
     /// Ranks behind `learner`.
@@ -117,36 +122,70 @@ pub struct Hosted {
 }
 
 /// Key of a call waiting for its reply: (call id, learner rank or 0).
-type Key = (u64, u32);
-const SETUP_ID: u64 = u64::MAX;
+pub(super) type Key = (u64, u32);
+pub(super) const SETUP_ID: u64 = u64::MAX;
+/// A restarted process's [`Hello`] (keyed by its member index).
+pub(super) const HELLO_ID: u64 = u64::MAX - 1;
 
 #[derive(Debug)]
-enum Reply {
+pub(super) enum Reply {
     Control(ControlMsg),
     Data(DataMsg),
     Lost(String),
 }
 
-/// What the proxies and the router share.
-struct Core {
-    tx: ControlSender<ControlMsg>,
-    out: Outboxes,
-    my_data: String,
+/// What the proxies, the router and the keeper share.
+pub(super) struct Core {
+    pub(super) tx: ControlSender<ControlMsg>,
+    pub(super) out: Outboxes,
+    pub(super) my_data: String,
     next: AtomicU64,
-    names: Vec<String>,
+    pub(super) names: Vec<String>,
+    /// The run's cookie (hex), for the weight-sync group.
+    cookie: String,
+    /// Every started process, in plan order (the keeper starts one again in place).
+    pub(super) members: Mutex<Vec<Member>>,
     /// The policy version each rollout process holds (checked by its digest).
     versions: Mutex<HashMap<String, u64>>,
-    pending: Mutex<HashMap<Key, (String, oneshot::Sender<Reply>)>>,
+    pending: Mutex<HashMap<Key, (Vec<String>, oneshot::Sender<Reply>)>>,
+    /// The rollout proxies, one slot per rollout process (`None` while it is down).
+    pub(super) rollouts: RolloutSlots,
+    /// How each rollout process is reached, by slot (set once hosted).
+    pub(super) routes: std::sync::OnceLock<Vec<Route>>,
+    /// Processes lost and not (yet) back.
+    pub(super) down: Mutex<HashSet<String>>,
+    /// Rollout processes that missed a version of the group (restarted, or a
+    /// broadcast failed): the driver loads the current one into each before its next request.
+    missed: Mutex<HashSet<String>>,
+    /// Losses for the keeper: (process, why).
+    pub(super) lost: mpsc::UnboundedSender<(String, String)>,
+    /// The weight-sync group's sender (the keeper forms the group again when a member is lost).
+    pub(super) publisher: std::sync::OnceLock<Publisher>,
+    /// Set when a learner rank's process is lost.
+    learner_loss: LearnerLoss,
+}
+
+/// How the controller reaches one rollout process.
+#[derive(Clone, Debug)]
+pub(super) struct Route {
+    pub(super) process: String,
+    /// Its data endpoint.
+    pub(super) data: String,
+    /// Where its groups go to be scored: a reward process (by name and endpoint), or none (the controller).
+    pub(super) reward: Option<(String, String)>,
+    /// Its key for weight acknowledgements (member index + 1).
+    pub(super) key: u32,
 }
 
 impl Core {
-    fn id(&self) -> u64 {
+    pub(super) fn id(&self) -> u64 {
         self.next.fetch_add(1, Ordering::Relaxed)
     }
 
-    fn expect(&self, process: &str, key: Key) -> oneshot::Receiver<Reply> {
+    /// The reply to call `key`, failed if any of `processes` is lost before it comes.
+    pub(super) fn expect(&self, processes: &[&str], key: Key) -> oneshot::Receiver<Reply> {
         let (tx, rx) = oneshot::channel();
-        self.pending.lock().expect("pending lock").insert(key, (process.to_string(), tx));
+        self.pending.lock().expect("pending lock").insert(key, (processes.iter().map(|p| p.to_string()).collect(), tx));
         rx
     }
 
@@ -159,33 +198,71 @@ impl Core {
         }
     }
 
-    fn fail_process(&self, process: &str) {
-        let keys: Vec<Key> = self.pending.lock().expect("pending lock").iter().filter(|(_, (p, _))| p == process).map(|(k, _)| *k).collect();
+    /// `process` is lost (`why`): a learner rank's loss is noted for the run
+    /// first, then every call waiting on it fails.
+    pub(super) fn lose(&self, process: &str, why: &str) {
+        let learner = self.members.lock().expect("members lock").iter().any(|m| m.planned.name == process && has(&m.planned, Role::Learner));
+        if learner {
+            self.learner_loss.lock().expect("loss lock").get_or_insert_with(|| format!("{process} {why}"));
+        }
+        self.fail_process(process);
+    }
+
+    /// Fails every call waiting on `process`.
+    pub(super) fn fail_process(&self, process: &str) {
+        let mut pending = self.pending.lock().expect("pending lock");
+        let keys: Vec<Key> = pending.iter().filter(|(_, (p, _))| p.iter().any(|p| p == process)).map(|(k, _)| *k).collect();
         for k in keys {
-            if let Some((_, tx)) = self.pending.lock().expect("pending lock").remove(&k) {
+            if let Some((_, tx)) = pending.remove(&k) {
                 let _ = tx.send(Reply::Lost(process.to_string()));
             }
         }
     }
+
+    pub(super) fn index(&self, process: &str) -> Option<usize> {
+        self.names.iter().position(|n| n == process)
+    }
+
+    fn is_down(&self, process: &str) -> bool {
+        self.down.lock().expect("down lock").contains(process)
+    }
+
+    /// The rollout process behind proxy `actor`, if it is one of ours.
+    fn process_of(&self, actor: &ActorRef<RolloutMsg>) -> Option<String> {
+        let slots = self.rollouts.lock().expect("slots lock");
+        let i = slots.iter().position(|s| s.as_ref().is_some_and(|r| r.get_id() == actor.get_id()))?;
+        self.routes.get().map(|r| r[i].process.clone())
+    }
+
+    pub(super) fn mark_missed(&self, process: &str) {
+        self.missed.lock().expect("missed lock").insert(process.to_string());
+    }
 }
 
 /// One started process.
-struct Member {
-    planned: Planned,
-    hello: Hello,
+pub(super) struct Member {
+    pub(super) planned: Planned,
+    pub(super) hello: Hello,
     /// The handle of a process this run started (none when started externally).
-    process: Option<Process>,
-    log: PathBuf,
+    pub(super) process: Option<Process>,
+    pub(super) log: PathBuf,
+    /// How it was started (none when started externally), to start it again.
+    pub(super) spec: Option<ProcessSpec>,
+    /// What it was told to host, to host it again after a restart.
+    pub(super) setup: Option<NodeSetup>,
+    /// Times it was started again.
+    pub(super) restarts: u32,
 }
 
 /// The processes of a run other than the controller's own.
 pub struct Fleet {
     core: Arc<Core>,
-    cookie: String,
-    members: Vec<Member>,
     me: Planned,
     plan: Plan,
+    spec: FleetSpec,
     router: tokio::task::JoinHandle<()>,
+    keeper: Mutex<Option<tokio::task::JoinHandle<()>>>,
+    losses: Mutex<Option<mpsc::UnboundedReceiver<(String, String)>>>,
 }
 
 fn roles_of(p: &Planned) -> Vec<String> {
@@ -207,7 +284,8 @@ fn tail(path: &Path, n: usize) -> String {
 
 impl Fleet {
     /// Starts every process of `spec.plan` but the controller's own, and waits until each has joined.
-    pub async fn launch(spec: &FleetSpec, run_dir: &Path, metrics: Arc<Metrics>, progress: &(dyn Fn(String) + Sync)) -> Result<Fleet, String> {
+    /// `learner_loss` is set when a learner rank's process is lost (before its calls fail).
+    pub async fn launch(spec: &FleetSpec, run_dir: &Path, metrics: Arc<Metrics>, learner_loss: LearnerLoss, progress: &(dyn Fn(String) + Sync)) -> Result<Fleet, String> {
         let plan = spec.plan.clone();
         let me = plan.processes.iter().find(|p| p.actors.iter().any(|a| a.role == Role::Controller)).cloned().ok_or("the plan has no controller")?;
         let cookie_path = run_dir.join("cookie");
@@ -232,6 +310,7 @@ impl Fleet {
             *per_host.entry(p.host.as_str()).or_default() += 1;
         }
         let mut started: Vec<(Planned, Option<Process>, PathBuf)> = vec![];
+        let mut specs: HashMap<String, ProcessSpec> = HashMap::new();
         for p in plan.processes.iter().filter(|p| p.name != me.name) {
             if spec.external {
                 started.push((p.clone(), None, logs.join(log_name(&p.name))));
@@ -249,6 +328,7 @@ impl Fleet {
             let proc = launcher.spawn(&s).map_err(|e| format!("starting {} on {}: {e}", p.name, p.host))?;
             let step = proc.slurm_step().map(|s| format!(", Slurm step {s}")).unwrap_or_default();
             progress(format!("started {} on {} (pid {}{step}, log {})", p.name, launcher.host(), proc.pid(), log.display()));
+            specs.insert(p.name.clone(), s);
             started.push((p.clone(), Some(proc), log));
         }
         if spec.external {
@@ -283,22 +363,40 @@ impl Fleet {
         // Series known from the plan start at zero (dashboards and alerts see them before any fault).
         for (p, _, _) in &started {
             metrics.peers_lost_total.with_label_values(&[&p.name]);
-            if has(p, Role::Rollout) {
+            if has(p, Role::Rollout) || has(p, Role::Reward) {
                 metrics.actor_restarts_total.with_label_values(&[&p.name]);
             }
         }
-        let members: Vec<Member> = started.into_iter().map(|(planned, process, log)| Member { hello: hellos.remove(&planned.name).expect("joined"), planned, process, log }).collect();
+        let members: Vec<Member> = started
+            .into_iter()
+            .map(|(planned, process, log)| Member { hello: hellos.remove(&planned.name).expect("joined"), spec: specs.remove(&planned.name), setup: None, restarts: 0, planned, process, log })
+            .collect();
+        let (lost, losses) = mpsc::unbounded_channel();
         let core = Arc::new(Core {
             tx: control.sender(),
             out: Outboxes { codec, open: Arc::default() },
             my_data,
             next: AtomicU64::new(1),
             names: members.iter().map(|m| m.planned.name.clone()).collect(),
+            cookie: cookie.to_hex(),
+            members: Mutex::new(members),
             versions: Mutex::new(HashMap::new()),
             pending: Mutex::new(HashMap::new()),
+            rollouts: Arc::default(),
+            routes: std::sync::OnceLock::new(),
+            down: Mutex::default(),
+            missed: Mutex::default(),
+            lost,
+            publisher: std::sync::OnceLock::new(),
+            learner_loss,
         });
         let router = tokio::spawn(route(control, inbox, core.clone(), metrics));
-        Ok(Fleet { core, cookie: cookie.to_hex(), members, me, plan, router })
+        Ok(Fleet { core, me, plan, spec: spec.clone(), router, keeper: Mutex::new(None), losses: Mutex::new(Some(losses)) })
+    }
+
+    /// Restarts of each process started again at least once.
+    pub fn restarts(&self) -> BTreeMap<String, u32> {
+        self.core.members.lock().expect("members lock").iter().filter(|m| m.restarts > 0).map(|m| (m.planned.name.clone(), m.restarts)).collect()
     }
 
     /// The plan.
@@ -315,7 +413,10 @@ impl Fleet {
     /// holds (learner ranks: `learner_version`) and its heartbeat's age now.
     pub fn entries(&self, learner_version: u64) -> Vec<ProcessEntry> {
         let versions = self.core.versions.lock().expect("versions lock");
-        self.members
+        self.core
+            .members
+            .lock()
+            .expect("members lock")
             .iter()
             .map(|m| ProcessEntry {
                 name: m.planned.name.clone(),
@@ -325,111 +426,145 @@ impl Fleet {
                 start_time: m.hello.start_time,
                 version: if has(&m.planned, Role::Learner) { Some(learner_version) } else { versions.get(&m.planned.name).copied() },
                 heartbeat_age_s: self.core.tx.last_heard(&m.planned.name).map(|d| d.as_secs_f64()),
-                restarts: 0,
+                restarts: m.restarts,
                 slurm_step: m.process.as_ref().and_then(|p| p.slurm_step()).map(String::from),
             })
             .collect()
     }
 
-    /// Tells every process what to host and waits until all are ready; returns the proxies.
-    pub async fn host(&self, roles: &RoleSetup) -> Result<Hosted, String> {
-        let cpus = split_cores(&self.members);
-        let learner_ranks = self.members.iter().filter(|m| has(&m.planned, Role::Learner)).count();
-        // The weight-sync group: its root (learner rank 0's process, or this one) and the rollout processes.
-        let rollout_members: Vec<usize> = (0..self.members.len()).filter(|&i| has(&self.members[i].planned, Role::Rollout)).collect();
-        let root = self.members.iter().position(|m| m.planned.actors.iter().any(|a| a.role == Role::Learner && a.rank == 0));
-        let master_port: u16 = self.plan.master.rsplit(':').next().and_then(|p| p.parse().ok()).unwrap_or(29400);
-        let group_addr = format!("{}:{}", root.map_or(&self.me.host, |r| &self.members[r].planned.host), master_port.wrapping_add(1));
-        let world = rollout_members.len() as u32 + 1;
-        let group_rank = |i: usize| -> Option<u32> {
-            if rollout_members.is_empty() {
-                None
-            } else if Some(i) == root {
-                Some(0)
-            } else {
-                rollout_members.iter().position(|&r| r == i).map(|k| k as u32 + 1)
-            }
-        };
-        let mut waits = vec![];
-        for (i, m) in self.members.iter().enumerate() {
-            let p = &m.planned;
-            let (threads, cpus) = cpus[i].clone();
-            let learner = p.actors.iter().find(|a| a.role == Role::Learner).map(|a| LearnerSetup {
-                config: roles.learner.clone(),
-                rank: a.rank,
-                world: self.plan.world_size,
-                master: self.plan.master.clone(),
-            });
-            let setup = NodeSetup {
-                model_dir: roles.model_dir.clone(),
-                threads,
-                cpus,
-                controller_data: self.core.my_data.clone(),
-                rollout: has(p, Role::Rollout).then(|| roles.rollout.clone()),
-                reward: has(p, Role::Reward).then(|| roles.reward.clone()),
-                learner,
-                weights: group_rank(i).map(|rank| GroupSpec { rank, world, addr: group_addr.clone() }),
+    /// Tells every process what to host and waits until all are ready; returns
+    /// the proxies. From then on the keeper watches the processes (`say`: its
+    /// lines, for the run's progress log).
+    pub async fn host(&self, roles: &RoleSetup, say: Say, metrics: Arc<Metrics>) -> Result<Hosted, String> {
+        let core = &self.core;
+        let (learner_ranks, rollout_members, root, waits, group_addr, world) = {
+            let mut members = core.members.lock().expect("members lock");
+            let cpus = split_cores(&members);
+            let learner_ranks = members.iter().filter(|m| has(&m.planned, Role::Learner)).count();
+            // The weight-sync group: its root (learner rank 0's process, or this one) and the rollout processes.
+            let rollout_members: Vec<usize> = (0..members.len()).filter(|&i| has(&members[i].planned, Role::Rollout)).collect();
+            let root = members.iter().position(|m| m.planned.actors.iter().any(|a| a.role == Role::Learner && a.rank == 0));
+            let master_port: u16 = self.plan.master.rsplit(':').next().and_then(|p| p.parse().ok()).unwrap_or(29400);
+            let group_addr = format!("{}:{}", root.map_or(&self.me.host, |r| &members[r].planned.host), master_port.wrapping_add(1));
+            let world = rollout_members.len() as u32 + 1;
+            let group_rank = |i: usize| -> Option<u32> {
+                if rollout_members.is_empty() {
+                    None
+                } else if Some(i) == root {
+                    Some(0)
+                } else {
+                    rollout_members.iter().position(|&r| r == i).map(|k| k as u32 + 1)
+                }
             };
-            let rx = self.core.expect(&p.name, (SETUP_ID, i as u32));
-            self.core.tx.send(&p.name, &ControlMsg::Setup(Json::of(&setup))).map_err(|e| format!("{}: {e}", p.name))?;
-            waits.push((i, rx));
-        }
-        // The controller is the group's root when the learner is in its process.
-        let own = (root.is_none() && !rollout_members.is_empty()).then(|| Arc::new(WeightGroup::join(&GroupSpec { rank: 0, world, addr: group_addr.clone() }, &self.cookie)));
-        for (i, rx) in waits {
-            let m = &self.members[i];
-            match tokio::time::timeout(Duration::from_secs(300), rx).await {
-                Ok(Ok(Reply::Control(ControlMsg::Ready(Ok(()))))) => {}
-                Ok(Ok(Reply::Control(ControlMsg::Ready(Err(e))))) => return Err(format!("{}: setup failed: {e}", m.planned.name)),
-                Ok(Ok(other)) => return Err(format!("{}: setup: unexpected answer {other:?}; its log: {}", m.planned.name, m.log.display())),
-                Ok(Err(_)) => return Err(format!("{}: setup: the router stopped", m.planned.name)),
-                Err(_) => return Err(format!("{}: not ready within 300 s; the end of its log ({}):\n{}", m.planned.name, m.log.display(), tail(&m.log, 20))),
+            let mut waits = vec![];
+            for (i, m) in members.iter_mut().enumerate() {
+                let p = &m.planned;
+                let (threads, cpus) = cpus[i].clone();
+                let learner = p.actors.iter().find(|a| a.role == Role::Learner).map(|a| LearnerSetup {
+                    config: roles.learner.clone(),
+                    rank: a.rank,
+                    world: self.plan.world_size,
+                    master: self.plan.master.clone(),
+                });
+                let setup = NodeSetup {
+                    model_dir: roles.model_dir.clone(),
+                    threads,
+                    cpus,
+                    controller_data: core.my_data.clone(),
+                    rollout: has(p, Role::Rollout).then(|| roles.rollout.clone()),
+                    reward: has(p, Role::Reward).then(|| roles.reward.clone()),
+                    learner,
+                    weights: group_rank(i).map(|rank| GroupSpec { rank, world, addr: group_addr.clone(), epoch: 0 }),
+                };
+                let rx = core.expect(&[&p.name], (SETUP_ID, i as u32));
+                core.tx.send(&p.name, &ControlMsg::Setup(Json::of(&setup))).map_err(|e| format!("{}: {e}", p.name))?;
+                m.setup = Some(setup);
+                waits.push((i, p.name.clone(), m.log.clone(), rx));
             }
+            (learner_ranks, rollout_members, root, waits, group_addr, world)
+        };
+        // The controller is the group's root when the learner is in its process.
+        let own = (root.is_none() && !rollout_members.is_empty()).then(|| WeightGroup::join(&GroupSpec { rank: 0, world, addr: group_addr.clone(), epoch: 0 }, &core.cookie));
+        for (_, name, log, rx) in waits {
+            ready(rx, &name, &log).await?;
         }
-        // Scored groups come from a reward process (round robin), else the controller scores them.
-        let rewards: Vec<String> = self.members.iter().filter(|m| has(&m.planned, Role::Reward)).map(|m| m.hello.data.clone()).collect();
-        let mut rollouts = vec![];
-        for (k, &i) in rollout_members.iter().enumerate() {
-            let m = &self.members[i];
-            let reward = if rewards.is_empty() { self.core.my_data.clone() } else { rewards[k % rewards.len()].clone() };
-            let args = RemoteRolloutArgs { core: self.core.clone(), process: m.planned.name.clone(), data: m.hello.data.clone(), reward, key: i as u32 + 1 };
-            let (r, _) = Actor::spawn(None, RemoteRollout, args).await.map_err(|e| format!("rollout proxy: {e}"))?;
-            rollouts.push(r);
-        }
-        let learner = if learner_ranks > 0 {
-            let mut ranks: Vec<(u32, String, String)> = self
-                .members
+        let (routes, ranks, root_data) = {
+            let members = core.members.lock().expect("members lock");
+            // Scored groups come from a reward process (round robin), else the controller scores them.
+            let rewards: Vec<(String, String)> = members.iter().filter(|m| has(&m.planned, Role::Reward)).map(|m| (m.planned.name.clone(), m.hello.data.clone())).collect();
+            let routes: Vec<Route> = rollout_members
+                .iter()
+                .enumerate()
+                .map(|(k, &i)| Route {
+                    process: members[i].planned.name.clone(),
+                    data: members[i].hello.data.clone(),
+                    reward: (!rewards.is_empty()).then(|| rewards[k % rewards.len()].clone()),
+                    key: i as u32 + 1,
+                })
+                .collect();
+            let mut ranks: Vec<(u32, String, String)> = members
                 .iter()
                 .filter_map(|m| m.planned.actors.iter().find(|a| a.role == Role::Learner).map(|a| (a.rank, m.planned.name.clone(), m.hello.data.clone())))
                 .collect();
             ranks.sort();
-            let (r, _) = Actor::spawn(None, RemoteLearner, RemoteLearnerArgs { core: self.core.clone(), ranks }).await.map_err(|e| format!("learner proxy: {e}"))?;
+            (routes, ranks, root.map(|r| (members[r].planned.name.clone(), members[r].hello.data.clone())))
+        };
+        let _ = core.routes.set(routes.clone());
+        let mut proxies = vec![];
+        for route in routes {
+            proxies.push(Some(proxy(core, route).await?));
+        }
+        *core.rollouts.lock().expect("slots lock") = proxies;
+        let learner = if learner_ranks > 0 {
+            let (r, _) = Actor::spawn(None, RemoteLearner, RemoteLearnerArgs { core: core.clone(), ranks }).await.map_err(|e| format!("learner proxy: {e}"))?;
             Some(r)
         } else {
             None
         };
         let publisher = (!rollout_members.is_empty()).then(|| Publisher {
-            core: self.core.clone(),
-            rollouts: rollout_members.iter().map(|&i| (self.members[i].planned.name.clone(), i as u32 + 1)).collect(),
-            root: match (own, root) {
-                (Some(g), _) => Root::Controller(g),
-                (None, Some(r)) => Root::Learner { process: self.members[r].planned.name.clone(), data: self.members[r].hello.data.clone() },
+            core: core.clone(),
+            root: Arc::new(match (own, root_data) {
+                (Some(g), _) => Root::Controller(Mutex::new(Arc::new(g))),
+                (None, Some((process, data))) => Root::Learner { process, data },
                 (None, None) => unreachable!("a group has a root"),
-            },
+            }),
+            addr: group_addr,
+            state: Arc::new(Mutex::new(GroupState { epoch: 0, members: (0..rollout_members.len()).collect(), broken: false })),
+            forming: Arc::default(),
         });
-        Ok(Hosted { publisher, rollouts, learner, learner_ranks })
+        if let Some(p) = &publisher {
+            let _ = core.publisher.set(p.clone());
+        }
+        let launchers: HashMap<String, Launcher> = if self.spec.external {
+            HashMap::new()
+        } else {
+            self.plan.processes.iter().filter(|p| p.name != self.me.name).map(|p| (p.name.clone(), self.spec.launcher(p))).collect()
+        };
+        let losses = self.losses.lock().expect("losses lock").take().ok_or("the fleet is hosted once")?;
+        let keeper = Keeper::new(core.clone(), launchers, KeepPolicy::new(self.spec.join_timeout), metrics, say);
+        *self.keeper.lock().expect("keeper lock") = Some(tokio::spawn(keeper.run(losses)));
+        Ok(Hosted { publisher, rollouts: core.rollouts.clone(), learner, learner_ranks })
     }
 
-    /// Asks every process to leave, waits up to `grace` for each, then kills what is left.
+    /// Asks every process to leave, waits up to `grace` for each, then kills
+    /// what is left. (A fleet dropped without it, on an error, stops its processes too.)
     pub async fn shutdown(self, grace: Duration) {
-        for m in &self.members {
+        // No restart from now on.
+        if let Some(k) = self.keeper.lock().expect("keeper lock").take() {
+            k.abort();
+            let _ = k.await;
+        }
+        let members: Vec<Member> = std::mem::take(&mut *self.core.members.lock().expect("members lock"));
+        let down = self.core.down.lock().expect("down lock").clone();
+        for m in &members {
             let _ = self.core.tx.send(&m.planned.name, &ControlMsg::Stop);
         }
-        let members = self.members;
         let _ = tokio::task::spawn_blocking(move || {
             for m in members {
                 // An externally started process leaves on Stop; its starter owns it.
                 let Some(mut process) = m.process else { continue };
+                // A lost one heard no Stop: it is stopped at once.
+                let grace = if down.contains(&m.planned.name) { Duration::ZERO } else { grace };
                 match process.wait_timeout(grace) {
                     Ok(Some(_)) => {}
                     _ => {
@@ -442,6 +577,44 @@ impl Fleet {
         .await;
         self.router.abort();
     }
+}
+
+impl Drop for Fleet {
+    /// A run that ends on an error stops every process it started (TERM, 3 s, KILL), so none outlives it.
+    fn drop(&mut self) {
+        if let Some(k) = self.keeper.lock().expect("keeper lock").take() {
+            k.abort();
+        }
+        self.router.abort();
+        let members: Vec<Member> = std::mem::take(&mut *self.core.members.lock().expect("members lock"));
+        for m in &members {
+            let _ = self.core.tx.send(&m.planned.name, &ControlMsg::Stop);
+        }
+        for mut p in members.into_iter().filter_map(|m| m.process) {
+            let _ = p.stop(Duration::from_secs(3));
+        }
+    }
+}
+
+/// Lines for the run's progress log.
+pub type Say = Arc<dyn Fn(String) + Send + Sync>;
+
+/// Waits for a process's answer to its [`NodeSetup`].
+pub(super) async fn ready(rx: oneshot::Receiver<Reply>, name: &str, log: &Path) -> Result<(), String> {
+    match tokio::time::timeout(Duration::from_secs(300), rx).await {
+        Ok(Ok(Reply::Control(ControlMsg::Ready(Ok(()))))) => Ok(()),
+        Ok(Ok(Reply::Control(ControlMsg::Ready(Err(e))))) => Err(format!("{name}: setup failed: {e}")),
+        Ok(Ok(Reply::Lost(_))) => Err(format!("{name}: lost during setup; the end of its log ({}):\n{}", log.display(), tail(log, 20))),
+        Ok(Ok(other)) => Err(format!("{name}: setup: unexpected answer {other:?}; its log: {}", log.display())),
+        Ok(Err(_)) => Err(format!("{name}: setup: the router stopped")),
+        Err(_) => Err(format!("{name}: not ready within 300 s; the end of its log ({}):\n{}", log.display(), tail(log, 20))),
+    }
+}
+
+/// A proxy for the rollout process `route` names.
+pub(super) async fn proxy(core: &Arc<Core>, route: Route) -> Result<ActorRef<RolloutMsg>, String> {
+    let (r, _) = Actor::spawn(None, RemoteRollout, RemoteRolloutArgs { core: core.clone(), route }).await.map_err(|e| format!("rollout proxy: {e}"))?;
+    Ok(r)
 }
 
 fn has(p: &Planned, role: Role) -> bool {
@@ -487,16 +660,20 @@ async fn route(mut control: ControlNode<ControlMsg>, mut inbox: Inbox<DataMsg>, 
                         Some(i) => core.resolve((id, i as u32 + 1), Reply::Control(msg)),
                         None => eprintln!("[fleet] WeightsLoaded from {from}, which is not in the plan"),
                     },
-                    ControlMsg::Ready(_) => match core.names.iter().position(|n| *n == from) {
+                    ControlMsg::Ready(_) => match core.index(&from) {
                         Some(i) => core.resolve((SETUP_ID, i as u32), Reply::Control(msg)),
                         None => eprintln!("[fleet] Ready from {from}, which is not in the plan"),
+                    },
+                    // A process started again says Hello to the keeper waiting for it.
+                    ControlMsg::Hello(_) => match core.index(&from) {
+                        Some(i) => core.resolve((HELLO_ID, i as u32), Reply::Control(msg)),
+                        None => eprintln!("[fleet] Hello from {from}, which is not in the plan"),
                     },
                     other => eprintln!("[fleet] unexpected control message from {from}: {other:?}"),
                 },
                 Some(Incoming::Peer(PeerEvent::Lost(p))) => {
-                    eprintln!("[fleet] {p} is lost: its calls fail");
-                    metrics.peers_lost_total.with_label_values(&[&p]).inc();
-                    core.fail_process(&p);
+                    core.lose(&p, "silent past the heartbeat deadline");
+                    let _ = core.lost.send((p, "silent past the heartbeat deadline".into()));
                 }
                 Some(Incoming::Peer(PeerEvent::Back(p))) => eprintln!("[fleet] {p} is back"),
                 Some(Incoming::Peer(PeerEvent::Joined(_))) => {}
@@ -516,11 +693,7 @@ async fn route(mut control: ControlNode<ControlMsg>, mut inbox: Inbox<DataMsg>, 
 /// Arguments of a [`RemoteRollout`] proxy.
 pub struct RemoteRolloutArgs {
     core: Arc<Core>,
-    process: String,
-    data: String,
-    reward: String,
-    /// Its key for weight acknowledgements (member index + 1).
-    key: u32,
+    route: Route,
 }
 
 /// Stands for the rollout actor of one process.
@@ -536,42 +709,57 @@ impl Actor for RemoteRollout {
     }
 
     async fn handle(&self, myself: ActorRef<Self::Msg>, msg: Self::Msg, s: &mut RemoteRolloutArgs) -> Result<(), ActorProcessingErr> {
-        let core = &s.core;
+        let (core, process) = (&s.core, s.route.process.as_str());
         let id = core.id();
-        let key = if matches!(msg, RolloutMsg::LoadWeights(..)) { s.key } else { 0 };
-        let rx = core.expect(&s.process, (id, key));
+        let key = if matches!(msg, RolloutMsg::LoadWeights(..)) { s.route.key } else { 0 };
+        // Groups go to their reward process, or are scored here while it is down.
+        let reward = s.route.reward.as_ref().filter(|(name, _)| !core.is_down(name));
+        let mut waits_on = vec![process];
+        waits_on.extend(reward.map(|(name, _)| name.as_str()));
+        let rx = core.expect(&waits_on, (id, key));
+        // Its own process gone (not its reward process): the keeper takes over, and this proxy stops.
+        let mut gone: Option<String> = None;
+        let mut lost = |e: String| -> String {
+            if gone.is_none() {
+                gone = Some(e.clone());
+            }
+            e
+        };
         match msg {
             RolloutMsg::Generate(req, reply) => {
-                let out = match core.tx.send(&s.process, &ControlMsg::Generate { id, reward: s.reward.clone(), request: Json::of(&req) }) {
-                    Err(e) => Err(e.to_string()),
+                let to = reward.map_or_else(|| core.my_data.clone(), |(_, data)| data.clone());
+                let out = match core.tx.send(process, &ControlMsg::Generate { id, reward: to, request: Json::of(&req) }) {
+                    Err(e) => Err(lost(e.to_string())),
                     Ok(()) => match rx.await {
                         Ok(Reply::Data(DataMsg::Scored { result, .. } | DataMsg::Groups { result, .. })) => result.and_then(|j| j.get::<RolloutResult>("RolloutResult")),
-                        Ok(Reply::Lost(p)) => Err(format!("{p} is lost")),
-                        other => Err(format!("{}: unexpected answer {other:?}", s.process)),
+                        Ok(Reply::Lost(p)) if p == process => Err(lost(format!("{p} is lost"))),
+                        Ok(Reply::Lost(p)) => Err(format!("its reward process {p} is lost")),
+                        other => Err(format!("unexpected answer {other:?}")),
                     },
                 };
-                let lost = out.as_ref().is_err_and(|e| e.ends_with("is lost"));
-                let _ = reply.send(out.map_err(|e| format!("{}: {e}", s.process)));
-                if lost {
-                    myself.stop(Some("its process is lost".into()));
-                }
+                let _ = reply.send(out.map_err(|e| format!("{process}: {e}")));
             }
             RolloutMsg::LoadWeights(update, reply) => {
-                let out: Result<WeightAck, String> = match core.out.send(&s.data, DataMsg::Weights { id, update }).await {
+                let out: Result<WeightAck, String> = match core.out.send(&s.route.data, DataMsg::Weights { id, update }).await {
                     Err(e) => Err(e),
                     Ok(()) => match rx.await {
                         Ok(Reply::Control(ControlMsg::WeightsLoaded { result, .. })) => {
                             if let Ok(ack) = &result {
-                                core.versions.lock().expect("versions lock").insert(s.process.clone(), ack.version);
+                                core.versions.lock().expect("versions lock").insert(process.to_string(), ack.version);
+                                core.missed.lock().expect("missed lock").remove(process);
                             }
                             result
                         }
-                        Ok(Reply::Lost(p)) => Err(format!("{p} is lost")),
+                        Ok(Reply::Lost(p)) => Err(lost(format!("{p} is lost"))),
                         other => Err(format!("unexpected answer {other:?}")),
                     },
                 };
-                let _ = reply.send(out.map_err(|e| format!("{}: {e}", s.process)));
+                let _ = reply.send(out.map_err(|e| format!("{process}: {e}")));
             }
+        }
+        if let Some(why) = gone {
+            let _ = core.lost.send((process.to_string(), why));
+            myself.stop(Some("its process is lost".into()));
         }
         Ok(())
     }
@@ -594,7 +782,7 @@ impl RemoteLearner {
         let json = Json::of(&call);
         let mut waits = vec![];
         for (rank, process, data) in &s.ranks {
-            let rx = s.core.expect(process, (id, *rank));
+            let rx = s.core.expect(&[process], (id, *rank));
             s.core.out.send(data, DataMsg::Learner { id, call: json.clone() }).await?;
             waits.push((*rank, process, rx));
         }
@@ -672,44 +860,123 @@ impl Actor for RemoteLearner {
 /// Where a version starts from.
 enum Root {
     /// This process (the learner is here): it broadcasts the image it is given.
-    Controller(Arc<WeightGroup>),
+    Controller(Mutex<Arc<WeightGroup>>),
     /// Learner rank 0's process: it broadcasts its own weights.
     Learner { process: String, data: String },
 }
 
-/// Sends each version to every rollout process through the weight-sync group.
+/// The weight-sync group as last formed.
+struct GroupState {
+    epoch: u32,
+    /// Its rollout processes, by slot, in rank order (rank k + 1).
+    members: Vec<usize>,
+    /// A broadcast failed: form it again before the next.
+    broken: bool,
+}
+
+/// Sends each version to every rollout process through the weight-sync group,
+/// forming the group again (one epoch higher) when its members changed or a
+/// broadcast failed. A process that missed a version is marked, and the driver
+/// loads the current version into it before its next request.
+#[derive(Clone)]
 pub struct Publisher {
     core: Arc<Core>,
-    /// (process, acknowledgement key), in group order.
-    rollouts: Vec<(String, u32)>,
-    root: Root,
+    root: Arc<Root>,
+    /// Rank 0's rendezvous.
+    addr: String,
+    state: Arc<Mutex<GroupState>>,
+    /// One forming at a time (the keeper forms it when a member is lost, the driver before a version).
+    forming: Arc<tokio::sync::Mutex<()>>,
 }
 
 impl Publisher {
     /// Does the controller hold the weights it sends (the learner is in its process)?
     pub fn needs_image(&self) -> bool {
-        matches!(self.root, Root::Controller(_))
+        matches!(*self.root, Root::Controller(_))
     }
 
-    /// Starts version `version` towards every rollout process (`image`: the
+    /// Did the rollout process behind proxy `actor` miss a version (restarted,
+    /// or a broadcast to it failed)? Then it must be given the current one.
+    pub fn missed(&self, actor: &ActorRef<RolloutMsg>) -> bool {
+        self.core.process_of(actor).is_some_and(|p| self.core.missed.lock().expect("missed lock").contains(&p))
+    }
+
+    /// The group's members for this version: the live rollout processes. When
+    /// they changed (or the last broadcast failed), every member and the root
+    /// are told to form it again at the next epoch, ahead of the broadcast.
+    pub(super) async fn members(&self) -> Result<Vec<usize>, String> {
+        let _forming = self.forming.lock().await;
+        let core = &self.core;
+        let live: Vec<usize> = core.rollouts.lock().expect("slots lock").iter().enumerate().filter(|(_, r)| r.is_some()).map(|(i, _)| i).collect();
+        let (epoch, regroup, abort) = {
+            let mut st = self.state.lock().expect("group lock");
+            let regroup = st.broken || st.members != live;
+            // A member gone (or a failed broadcast): what the old group still waits on is aborted.
+            let abort = st.broken || st.members.iter().any(|m| !live.contains(m));
+            if regroup {
+                st.epoch += 1;
+                st.members = live.clone();
+                st.broken = false;
+            }
+            (st.epoch, regroup, abort)
+        };
+        if !regroup {
+            return Ok(live);
+        }
+        let routes = core.routes.get().ok_or("the group has no routes yet")?;
+        let world = live.len() as u32 + 1;
+        let spec = |rank: u32| GroupSpec { rank, world, addr: self.addr.clone(), epoch };
+        eprintln!("[fleet] weight-sync group: forming epoch {epoch} with {} rollout process(es)", live.len());
+        for (k, &i) in live.iter().enumerate() {
+            let p = &routes[i].process;
+            core.tx.send(p, &ControlMsg::Regroup { spec: spec(k as u32 + 1), abort }).map_err(|e| format!("{p}: {e}"))?;
+        }
+        match &*self.root {
+            Root::Controller(g) => {
+                let old = std::mem::replace(&mut *g.lock().expect("group lock"), Arc::new(WeightGroup::join(&spec(0), &core.cookie)));
+                if abort {
+                    old.abort();
+                }
+            }
+            Root::Learner { data, .. } => core.out.send(data, DataMsg::Learner { id: core.id(), call: Json::of(&LearnerCall::Regroup { spec: spec(0), abort }) }).await?,
+        }
+        Ok(live)
+    }
+
+    /// Starts version `version` towards every live rollout process (`image`: the
     /// weights, when [`Publisher::needs_image`]); the future ends when every
     /// process has checked and loaded it, with the seconds the broadcast took.
+    /// A failure marks the processes that did not load it and breaks the group
+    /// (it is formed again for the next version).
     pub async fn publish(&self, version: u64, image: Option<WeightUpdate>) -> Result<impl std::future::Future<Output = Result<f64, String>> + Send + 'static, String> {
         let core = &self.core;
+        let members = match self.members().await {
+            Ok(m) => m,
+            Err(e) => {
+                self.state.lock().expect("group lock").broken = true;
+                return Err(e);
+            }
+        };
+        let routes = core.routes.get().ok_or("the group has no routes yet")?;
+        let epoch = self.state.lock().expect("group lock").epoch;
         let id = core.id();
         let mut acks = vec![];
-        for (process, key) in &self.rollouts {
-            acks.push((process.clone(), core.expect(process, (id, *key))));
-            core.tx.send(process, &ControlMsg::Receive { id }).map_err(|e| format!("{process}: {e}"))?;
+        for &i in &members {
+            let Route { process, key, .. } = &routes[i];
+            acks.push((process.clone(), core.expect(&[process], (id, *key))));
+            if let Err(e) = core.tx.send(process, &ControlMsg::Receive { id }) {
+                core.fail_process(process);
+                let _ = core.lost.send((process.clone(), e.to_string()));
+            }
         }
-        let sent: std::pin::Pin<Box<dyn std::future::Future<Output = Result<f64, String>> + Send>> = match &self.root {
+        let sent: std::pin::Pin<Box<dyn std::future::Future<Output = Result<f64, String>> + Send>> = match &*self.root {
             Root::Controller(g) => {
                 let update = image.ok_or("the controller sends the weights but was given none")?;
-                let pending = g.send(update);
+                let pending = g.lock().expect("group lock").send(update);
                 Box::pin(async move { pending.wait().await })
             }
             Root::Learner { process, data } => {
-                let rx = core.expect(process, (id, 0));
+                let rx = core.expect(&[process], (id, 0));
                 core.out.send(data, DataMsg::Learner { id, call: Json::of(&LearnerCall::Publish(version)) }).await?;
                 let process = process.clone();
                 Box::pin(async move {
@@ -724,20 +991,36 @@ impl Publisher {
                 })
             }
         };
-        let versions = core.clone();
+        let (core, state) = (core.clone(), self.state.clone());
         Ok(async move {
-            let secs = sent.await.map_err(|e| format!("weight broadcast v{version}: {e}"))?;
+            let sent = sent.await;
+            // Every member answers (a broken ring fails each receipt at once), so each one's outcome is known.
+            let mut first_err = sent.as_ref().err().cloned();
             for (process, rx) in acks {
-                match rx.await {
+                let err = match rx.await {
                     Ok(Reply::Control(ControlMsg::WeightsLoaded { result: Ok(ack), .. })) => {
-                        versions.versions.lock().expect("versions lock").insert(process, ack.version);
+                        core.versions.lock().expect("versions lock").insert(process.clone(), ack.version);
+                        core.missed.lock().expect("missed lock").remove(&process);
+                        continue;
                     }
-                    Ok(Reply::Control(ControlMsg::WeightsLoaded { result: Err(e), .. })) => return Err(format!("{process}: v{version}: {e}")),
-                    Ok(Reply::Lost(p)) => return Err(format!("{p} is lost")),
-                    other => return Err(format!("{process}: unexpected answer {other:?}")),
+                    Ok(Reply::Control(ControlMsg::WeightsLoaded { result: Err(e), .. })) => format!("{process}: v{version}: {e}"),
+                    Ok(Reply::Lost(p)) => format!("{p} is lost"),
+                    other => format!("{process}: unexpected answer {other:?}"),
+                };
+                core.mark_missed(&process);
+                first_err.get_or_insert(err);
+            }
+            match first_err {
+                None => sent,
+                Some(e) => {
+                    // Unless the group was formed again meanwhile (a lost member's abort failed this one).
+                    let mut st = state.lock().expect("group lock");
+                    if st.epoch == epoch {
+                        st.broken = true;
+                    }
+                    Err(e)
                 }
             }
-            Ok(secs)
         })
     }
 }

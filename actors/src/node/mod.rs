@@ -6,12 +6,15 @@
 //! - [`fleet`] — the controller's side: starting the plan's processes
 //!   (`mesh::launch`: children or ssh), the handshake, and the proxy actors
 //!   that stand for remote actors behind the same messages as local ones;
+//! - [`keeper`] — the processes kept up: a lost rollout or reward process is
+//!   started again, within a restart budget;
 //! - [`weights`] — the weight-sync group: learner rank 0 (or the controller)
 //!   broadcasting each version to the rollout processes.
 //!
 //! The run driver ([`crate::controller::run`]) sees actor references only:
 //! whether an actor is in its process or on another host is decided here.
 pub mod fleet;
+pub mod keeper;
 pub mod serve;
 pub mod weights;
 pub mod wire;

@@ -18,7 +18,7 @@
 //! [`ControlMsg::Stop`], on SIGTERM, or when the controller is lost (silent
 //! past the heartbeat deadline): a node never outlives its run.
 use super::wire::*;
-use super::weights::{Pending, WeightGroup};
+use super::weights::{GroupSpec, Pending, WeightGroup};
 use super::{Outboxes, RefusalMirror};
 use crate::weight_sync::WeightUpdate;
 use tokio::sync::{mpsc, oneshot};
@@ -95,13 +95,16 @@ struct Hosted {
     reward: Option<Arc<Scorer>>,
     learner: Option<(ActorRef<LearnerMsg>, u32)>,
     controller_data: String,
-    /// This process's member of the weight-sync group.
-    weights: Option<Arc<WeightGroup>>,
+    /// This process's member of the weight-sync group (replaced when the group is formed again).
+    weights: Arc<std::sync::Mutex<Option<Arc<WeightGroup>>>>,
     /// Versions being received, in order (loaded one after the other by one task).
     loads: Option<mpsc::UnboundedSender<(u64, Pending<WeightUpdate>)>>,
     /// Rank 0's snapshots to broadcast, in order.
-    publishes: Option<mpsc::UnboundedSender<(u64, oneshot::Receiver<WeightUpdate>)>>,
+    publishes: Option<mpsc::UnboundedSender<Publication>>,
 }
+
+/// A version rank 0 broadcasts: its call, the snapshot to come, and the group to send it to.
+type Publication = (u64, oneshot::Receiver<WeightUpdate>, Option<Arc<WeightGroup>>);
 
 /// Pins every thread of this process to `cpus` (threads started later inherit it).
 pub fn pin_process(cpus: &[usize]) -> Result<(), String> {
@@ -194,7 +197,8 @@ pub async fn serve() -> Result<(), String> {
                         let _ = tx.send(&env.controller, &ControlMsg::Ready(out));
                     }
                     ControlMsg::Generate { id, reward, request } => generate(&hosted, id, reward, request, &outboxes),
-                    ControlMsg::Receive { id } => match (&hosted.weights, &hosted.loads) {
+                    ControlMsg::Regroup { spec, abort } => regroup(&hosted, &spec, abort, &cookie.to_hex()),
+                    ControlMsg::Receive { id } => match (hosted.group(), &hosted.loads) {
                         (Some(g), Some(loads)) => {
                             let _ = loads.send((id, g.receive()));
                         }
@@ -211,7 +215,7 @@ pub async fn serve() -> Result<(), String> {
             }
             d = inbox.recv() => {
                 let Some(msg) = d else { break };
-                on_data(&hosted, msg, &outboxes, &tx, &env.controller);
+                on_data(&hosted, msg, &outboxes, &tx, &env.controller, &cookie.to_hex());
             }
             _ = tick.tick() => {
                 mirror.frames(&metrics, "control", control.stats());
@@ -237,7 +241,7 @@ async fn host(hosted: &mut Hosted, s: NodeSetup, cookie: &str, tx: &ControlSende
     pin_process(&s.cpus)?;
     hosted.controller_data = s.controller_data.clone();
     if let Some(spec) = &s.weights {
-        hosted.weights = Some(Arc::new(WeightGroup::join(spec, cookie)));
+        regroup(hosted, spec, false, cookie);
     }
     if let Some(r) = s.rollout {
         let args = RolloutArgs {
@@ -261,7 +265,7 @@ async fn host(hosted: &mut Hosted, s: NodeSetup, cookie: &str, tx: &ControlSende
         let (a, _) = Actor::spawn(None, LearnerActor, args).await.map_err(|e| format!("learner rank {}: {e}", l.rank))?;
         hosted.learner = Some((a, l.rank));
     }
-    if let (Some(_), Some(rollout)) = (&hosted.weights, &hosted.rollout) {
+    if let Some(rollout) = &hosted.rollout {
         // Receipts complete in broadcast order; one task loads them in that order, between requests.
         let (ltx, mut lrx) = mpsc::unbounded_channel::<(u64, Pending<WeightUpdate>)>();
         let (rollout, tx, controller) = (rollout.clone(), tx.clone(), controller.to_string());
@@ -285,15 +289,17 @@ async fn host(hosted: &mut Hosted, s: NodeSetup, cookie: &str, tx: &ControlSende
         });
         hosted.loads = Some(ltx);
     }
-    if let (Some(group), Some((_, 0))) = (&hosted.weights, &hosted.learner) {
+    if let Some((_, 0)) = &hosted.learner {
         // Rank 0's snapshots complete in mailbox order; one task broadcasts them in that order.
-        let (ptx, mut prx) = mpsc::unbounded_channel::<(u64, oneshot::Receiver<WeightUpdate>)>();
-        let (group, to, outboxes) = (group.clone(), hosted.controller_data.clone(), outboxes.clone());
+        // Each goes to the group as it was when its call arrived (a later regroup is for later versions).
+        let (ptx, mut prx) = mpsc::unbounded_channel::<Publication>();
+        let (to, outboxes) = (hosted.controller_data.clone(), outboxes.clone());
         tokio::spawn(async move {
-            while let Some((id, snapshot)) = prx.recv().await {
-                let result = match snapshot.await {
-                    Err(_) => Err("the learner actor stopped".to_string()),
-                    Ok(update) => group.send(update).wait().await.map(|secs| Json::of(&LearnerOut::Published(secs))),
+            while let Some((id, snapshot, group)) = prx.recv().await {
+                let result = match (snapshot.await, group) {
+                    (Err(_), _) => Err("the learner actor stopped".to_string()),
+                    (Ok(_), None) => Err("this rank is in no weight-sync group".to_string()),
+                    (Ok(update), Some(group)) => group.send(update).wait().await.map(|secs| Json::of(&LearnerOut::Published(secs))),
                 };
                 let _ = outboxes.send(&to, DataMsg::LearnerDone { id, rank: 0, result }).await;
             }
@@ -301,6 +307,23 @@ async fn host(hosted: &mut Hosted, s: NodeSetup, cookie: &str, tx: &ControlSende
         hosted.publishes = Some(ptx);
     }
     Ok(())
+}
+
+impl Hosted {
+    /// This process's member of the weight-sync group now.
+    fn group(&self) -> Option<Arc<WeightGroup>> {
+        self.weights.lock().expect("weights lock").clone()
+    }
+}
+
+/// Leaves the weight-sync group (its thread ends once its queued work is
+/// done or fails; with `abort`, at once) and joins it at `spec`'s epoch.
+fn regroup(hosted: &Hosted, spec: &GroupSpec, abort: bool, cookie: &str) {
+    eprintln!("[node] weight-sync group: joining epoch {} as rank {} of {}{}", spec.epoch, spec.rank, spec.world, if abort { " (the old one aborted)" } else { "" });
+    let old = hosted.weights.lock().expect("weights lock").replace(Arc::new(WeightGroup::join(spec, cookie)));
+    if let (Some(old), true) = (old, abort) {
+        old.abort();
+    }
 }
 
 fn generate(hosted: &Hosted, id: u64, reward: String, request: Json, outboxes: &Outboxes) {
@@ -323,7 +346,7 @@ fn generate(hosted: &Hosted, id: u64, reward: String, request: Json, outboxes: &
     });
 }
 
-fn on_data(hosted: &Hosted, msg: DataMsg, outboxes: &Outboxes, tx: &ControlSender<ControlMsg>, controller: &str) {
+fn on_data(hosted: &Hosted, msg: DataMsg, outboxes: &Outboxes, tx: &ControlSender<ControlMsg>, controller: &str, cookie: &str) {
     match msg {
         DataMsg::Weights { id, update } => {
             let (port, rx) = ractor::concurrency::oneshot();
@@ -382,12 +405,13 @@ fn on_data(hosted: &Hosted, msg: DataMsg, outboxes: &Outboxes, tx: &ControlSende
                 Err(e) => {
                     tokio::spawn(async move { outboxes.send(&to, DataMsg::LearnerDone { id, rank, result: Err(e) }).await });
                 }
+                Ok(LearnerCall::Regroup { spec, abort }) => regroup(hosted, &spec, abort, cookie),
                 Ok(LearnerCall::Publish(version)) => {
                     let (port, rx) = ractor::concurrency::oneshot();
                     let queued = learner.send_message(LearnerMsg::Snapshot(version, port.into())).map_err(|e| format!("learner actor: {e}"));
                     match (queued, &hosted.publishes) {
                         (Ok(()), Some(p)) => {
-                            let _ = p.send((id, rx));
+                            let _ = p.send((id, rx, hosted.group()));
                         }
                         (Err(e), _) => {
                             tokio::spawn(async move { outboxes.send(&to, DataMsg::LearnerDone { id, rank, result: Err(e) }).await });
@@ -419,7 +443,7 @@ fn on_data(hosted: &Hosted, msg: DataMsg, outboxes: &Outboxes, tx: &ControlSende
                         LearnerCall::Configure(c) => enqueue!(Configure, c).map(|rx| Box::pin(async move { rx.await.map(|r| r.map(|_| LearnerOut::Done)) }) as Reply),
                         LearnerCall::Checkpoint(root, meta) => enqueue!(Checkpoint, root, meta).map(|rx| Box::pin(async move { rx.await.map(|r| r.map(LearnerOut::Path)) }) as Reply),
                         LearnerCall::Resume(root, c) => enqueue!(Resume, root, c).map(|rx| Box::pin(async move { rx.await.map(|r| r.map(LearnerOut::Meta)) }) as Reply),
-                        LearnerCall::Snapshot(_) | LearnerCall::Publish(_) => unreachable!("handled above"),
+                        LearnerCall::Snapshot(_) | LearnerCall::Publish(_) | LearnerCall::Regroup { .. } => unreachable!("handled above"),
                     };
                     tokio::spawn(async move {
                         let result = match rx {

@@ -12,7 +12,10 @@
 //! sent over the control plane (not built yet).
 use crate::weight_sync::WeightUpdate;
 use rlmesh_comm::digest::BucketDigests;
+use rlmesh_comm::cpu::RingAbort;
 use rlmesh_comm::{Buf, Collective, RingComm, RingConfig};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
 use serde::{Deserialize, Serialize};
 use std::sync::mpsc;
 use std::time::{Duration, Instant};
@@ -30,7 +33,24 @@ pub struct GroupSpec {
     pub world: u32,
     /// Rank 0's rendezvous, `host:port`.
     pub addr: String,
+    /// The group's generation: it is formed again, one higher, whenever its
+    /// members change (a rollout process lost or back). Each epoch has its own
+    /// cookie, so a straggler of an earlier one is refused at the rendezvous.
+    #[serde(default)]
+    pub epoch: u32,
 }
+
+impl GroupSpec {
+    /// The collective's cookie for this epoch, from the run's.
+    pub fn cookie(&self, run_cookie: &str) -> String {
+        format!("{run_cookie}:weights-{}", self.epoch)
+    }
+}
+
+/// Longest wait on one read or write of the group's collective: a member
+/// that is gone without closing its sockets (a lost host) fails the
+/// broadcast after this, and the group is formed again without it.
+const GROUP_TIMEOUT: Duration = Duration::from_secs(120);
 
 #[derive(Serialize, Deserialize)]
 struct Header {
@@ -48,37 +68,77 @@ enum Job {
 pub struct WeightGroup {
     tx: mpsc::Sender<Job>,
     rank: u32,
+    abort: Arc<Abort>,
+}
+
+/// Aborts the member's collective from outside its thread.
+#[derive(Default)]
+struct Abort {
+    asked: AtomicBool,
+    handle: Mutex<Option<RingAbort>>,
 }
 
 impl WeightGroup {
     /// Joins the group on a new thread (the rendezvous waits for every member there).
     pub fn join(spec: &GroupSpec, cookie: &str) -> WeightGroup {
         let (tx, rx) = mpsc::channel::<Job>();
-        let cfg = RingConfig::new(spec.rank as usize, spec.world as usize, spec.addr.clone()).cookie(cookie.to_string()).timeout(Duration::from_secs(600));
-        let rank = spec.rank;
+        let cfg = RingConfig::new(spec.rank as usize, spec.world as usize, spec.addr.clone()).cookie(spec.cookie(cookie)).timeout(GROUP_TIMEOUT).connect_timeout(GROUP_TIMEOUT);
+        let (rank, epoch) = (spec.rank, spec.epoch);
+        let abort = Arc::new(Abort::default());
+        let aborts = abort.clone();
         std::thread::Builder::new()
             .name(format!("weights-{rank}"))
             .spawn(move || {
-                let mut comm = RingComm::connect(cfg).map_err(|e| format!("weight-sync group, rank {rank}: {e}"));
+                let mut comm = RingComm::connect(cfg).map_err(|e| format!("weight-sync group (epoch {epoch}), rank {rank}: {e}"));
+                if let Ok(c) = &comm {
+                    *aborts.handle.lock().expect("abort lock") = c.abort_handle().ok();
+                    if aborts.asked.load(Ordering::SeqCst) {
+                        comm = Err(format!("the weight-sync group (epoch {epoch}) was aborted"));
+                    }
+                }
                 for job in rx {
-                    match (&mut comm, job) {
+                    let failed = match (&mut comm, job) {
                         (Err(e), Job::Send(_, done)) => {
                             let _ = done.send(Err(e.clone()));
+                            None
                         }
                         (Err(e), Job::Receive(done)) => {
                             let _ = done.send(Err(e.clone()));
+                            None
                         }
                         (Ok(c), Job::Send(update, done)) => {
-                            let _ = done.send(send(c, update));
+                            let out = send(c, update);
+                            let failed = out.as_ref().err().cloned();
+                            let _ = done.send(out);
+                            failed
                         }
                         (Ok(c), Job::Receive(done)) => {
-                            let _ = done.send(receive(c));
+                            let out = receive(c);
+                            let failed = out.as_ref().err().cloned();
+                            let _ = done.send(out);
+                            failed
                         }
+                    };
+                    // A broken ring closes its sockets at once, so its neighbours fail
+                    // too instead of waiting out their timeout; the controller forms
+                    // the group again.
+                    if let Some(e) = failed {
+                        comm = Err(format!("the weight-sync group (epoch {epoch}) broke: {e}"));
                     }
                 }
             })
             .expect("spawn the weight-sync thread");
-        WeightGroup { tx, rank }
+        WeightGroup { tx, rank, abort }
+    }
+
+    /// Aborts this member's collective: a broadcast blocked on a member that is
+    /// gone without closing its sockets (a lost host) fails at once, here and
+    /// along the ring, instead of waiting out its timeout. Queued work fails.
+    pub fn abort(&self) {
+        self.abort.asked.store(true, Ordering::SeqCst);
+        if let Some(h) = self.abort.handle.lock().expect("abort lock").as_ref() {
+            h.abort();
+        }
     }
 
     /// This member's rank.

@@ -119,6 +119,12 @@ pub enum ControlMsg {
     WeightsLoaded { id: u64, result: Result<WeightAck, String> },
     /// Controller → node: leave.
     Stop,
+    /// Controller → rollout node: leave the weight-sync group and join it
+    /// again at `spec.epoch` (its members changed). Later
+    /// [`ControlMsg::Receive`]s receive from the new group. With `abort`
+    /// (a member was lost), the old group's collective is aborted first, so a
+    /// receipt blocked on the lost member fails at once.
+    Regroup { spec: GroupSpec, abort: bool },
 }
 
 impl WireMessage for ControlMsg {
@@ -143,6 +149,14 @@ pub enum LearnerCall {
     Resume(PathBuf, LearnerConfig),
     /// Rank 0 only: broadcast the weights as a version to the weight-sync group.
     Publish(u64),
+    /// Rank 0 only: form the weight-sync group again (as [`ControlMsg::Regroup`]);
+    /// later publications go to the new one. Not answered.
+    Regroup {
+        /// Its place in the new group.
+        spec: GroupSpec,
+        /// Abort the old group's collective first.
+        abort: bool,
+    },
 }
 
 /// What a learner call returned.

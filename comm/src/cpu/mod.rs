@@ -17,7 +17,7 @@ mod rendezvous;
 mod ring;
 pub mod wire;
 
-pub use ring::RingComm;
+pub use ring::{RingAbort, RingComm};
 
 use std::time::Duration;
 

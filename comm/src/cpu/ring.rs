@@ -53,6 +53,21 @@ pub struct RingComm {
     poisoned: Option<String>,
 }
 
+/// Aborts a [`RingComm`] from any thread ([`RingComm::abort_handle`]).
+#[derive(Debug)]
+pub struct RingAbort {
+    links: Vec<TcpStream>,
+}
+
+impl RingAbort {
+    /// Shuts both links down (idempotent).
+    pub fn abort(&self) {
+        for l in &self.links {
+            let _ = l.shutdown(Shutdown::Both);
+        }
+    }
+}
+
 /// A pointer the sender thread may read through (see the module's memory discipline).
 struct SharedPtr<T>(*mut T);
 // SAFETY: only used for disjoint, handed-over ranges as described above.
@@ -90,6 +105,18 @@ impl RingComm {
             seq: 0,
             poisoned: None,
         })
+    }
+
+    /// A handle that aborts this communicator from another thread (the CPU
+    /// ring's `ncclCommAbort`): both links are shut down, so a collective
+    /// blocked on a peer fails at once, here and, through the closed links, at
+    /// its neighbours. Later collectives fail too.
+    pub fn abort_handle(&self) -> std::io::Result<RingAbort> {
+        let links = match &self.links {
+            None => vec![],
+            Some(l) => vec![l.next.try_clone()?, l.prev.try_clone()?],
+        };
+        Ok(RingAbort { links })
     }
 
     /// A communicator of world size 1 (every collective is a no-op; no sockets).

@@ -165,13 +165,54 @@ pub fn up(a: UpArgs) -> CliResult {
         record_batches: a.record_batches,
     };
     let rt = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build().usage("starting the runtime")?;
-    let summary = rt.block_on(run(opts)).map_err(|e| match e {
+    let dir = opts.run_dir.clone();
+    let result = rt.block_on(run(opts));
+    // Every task and process of the run ends here, before a start again.
+    rt.shutdown_timeout(std::time::Duration::from_secs(10));
+    let summary = result.map_err(|e| match e {
         RunError::Refused(_) => CliError::usage(e),
         RunError::Stopped(_) => CliError::terminated(e),
+        RunError::LearnerLost { why, cause } => start_again(&dir, &why, &cause),
         e => CliError::from(e),
     })?;
     println!("{}", serde_json::to_string_pretty(&summary)?);
     Ok(())
+}
+
+/// Starts of a run again after a learner rank was lost, per `launcher up`.
+const LEARNER_RESTARTS: u32 = 3;
+/// How many starts again came before this one (set on each).
+const RESTARTS_ENV: &str = "RLMESH_LEARNER_RESTARTS";
+
+/// A learner rank was lost and every process of the run has stopped: this
+/// process becomes `launcher up … --resume` (`exec`, so its pid, which
+/// `status.json`, `launcher down` and a scheduler know, stays the same), after a
+/// back-off, while the budget lasts and a checkpoint exists. Returns only the
+/// error to exit with.
+fn start_again(dir: &Path, why: &str, cause: &str) -> CliError {
+    use std::os::unix::process::CommandExt;
+    let done: u32 = std::env::var(RESTARTS_ENV).ok().and_then(|v| v.parse().ok()).unwrap_or(0);
+    let resumable = !rlmesh_actors::learner::list_checkpoints(&dir.join("checkpoints")).is_empty();
+    let lost = format!("a learner rank is lost ({why}): {cause}");
+    if !resumable || done >= LEARNER_RESTARTS {
+        let why_not = if resumable { format!("the run was started again {done} times already (the budget)") } else { "there is no checkpoint to start again from".into() };
+        return CliError::from(anyhow::anyhow!("{lost}; {why_not}. `launcher up … --resume --run-dir {}` continues from the newest checkpoint", dir.display()));
+    }
+    let backoff = std::time::Duration::from_secs(1 << done);
+    let line = format!("{lost}; starting the run again from its newest checkpoint (restart {} of {LEARNER_RESTARTS}) in {backoff:?}", done + 1);
+    eprintln!("{line}");
+    if let Ok(mut f) = std::fs::OpenOptions::new().append(true).open(dir.join("progress.log")) {
+        use std::io::Write;
+        let _ = writeln!(f, "{line}");
+    }
+    std::thread::sleep(backoff);
+    let mut args: Vec<std::ffi::OsString> = std::env::args_os().skip(1).collect();
+    if !args.iter().any(|a| a == "--resume") {
+        args.push("--resume".into());
+    }
+    let program = std::env::current_exe().unwrap_or_else(|_| PathBuf::from("launcher"));
+    let err = std::process::Command::new(&program).args(&args).env(RESTARTS_ENV, (done + 1).to_string()).exec();
+    CliError::from(anyhow::anyhow!("{lost}; starting it again failed: exec {}: {err}", program.display()))
 }
 
 /// This build starts CPU topologies (in one process or several, on any

@@ -1,0 +1,244 @@
+//! Faults across processes: real `launcher node` children over loopback,
+//! killed with SIGKILL in the middle of a run.
+//!
+//! - a killed rollout process and a killed reward process are started again
+//!   (counted, logged, shown by `status.json`), the restarted rollout process
+//!   gets the current version and rejoins the weight-sync group, and the run
+//!   finishes with every group trained exactly once;
+//! - a killed controller takes every node process with it within the
+//!   heartbeat deadline, and `launcher up --resume` finishes the run with
+//!   nothing trained twice.
+mod common;
+
+use common::*;
+use serde_json::Value;
+use std::path::Path;
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+/// RL steps of the restart test: a tiny model's step takes milliseconds, and
+/// the restarts (1 s back-off, a start, a setup) must end inside the RL phase.
+const STEPS: u32 = 400;
+
+/// A tiny-model `sync` recipe with enough RL steps for a restart to happen inside it.
+fn recipe(dir: &Path, steps: u32) -> String {
+    let text = format!(
+        r#"
+reward = "process"
+[model]
+hidden = 32
+layers = 1
+[tasks]
+size = 64
+held_out = 100
+[sft]
+steps = 2
+batch_size = 4
+tasks = 256
+[rl]
+steps = {steps}
+group_size = 2
+groups_per_step = 2
+max_turns = 2
+max_new_tokens = 16
+checkpoint_every = 4
+mode = "sync"
+"#
+    );
+    let path = dir.join("faults.toml");
+    std::fs::write(&path, text).unwrap();
+    path.to_str().unwrap().to_string()
+}
+
+/// Controller and weight sync in `main`; two rollout processes, a reward process and a learner process.
+fn topology(dir: &Path) -> String {
+    let text = format!(
+        "name = \"faults\"\n[[nodes]]\nname = \"local\"\nhost = \"127.0.0.1\"\n{}\n\
+         [controller]\nnode = \"local\"\nprocess = \"main\"\n[weight_sync]\nnode = \"local\"\nprocess = \"main\"\n\
+         [rollout]\nplacement = [{{ node = \"local\", actors = 2 }}]\n[reward]\nplacement = [{{ node = \"local\", actors = 1, process = \"reward\" }}]\n\
+         [learner]\nranks = 1\nplacement = [{{ node = \"local\", actors = 1 }}]\n",
+        free_ports_table(8)
+    );
+    let path = dir.join("faults-topology.toml");
+    std::fs::write(&path, text).unwrap();
+    path.to_str().unwrap().to_string()
+}
+
+fn start(topology: &str, recipe: &str, run: &Path, log: &Path, extra: &[&str]) -> Child {
+    Command::new(env!("CARGO_BIN_EXE_launcher"))
+        .current_dir(repo())
+        .args(["up", topology, "--recipe", recipe, "--run-dir", run.to_str().unwrap(), "--metrics-addr", "127.0.0.1:0", "--eval-limit", "4"])
+        .args(extra)
+        .stdout(Stdio::null())
+        .stderr(std::fs::File::create(log).unwrap())
+        .spawn()
+        .unwrap()
+}
+
+fn status(run: &Path) -> Value {
+    std::fs::read_to_string(run.join("status.json")).ok().and_then(|s| serde_json::from_str(&s).ok()).unwrap_or(Value::Null)
+}
+
+/// The status entry of the process named `name`.
+fn process(status: &Value, name: &str) -> Value {
+    status["processes"].as_array().and_then(|ps| ps.iter().find(|p| p["name"] == name).cloned()).unwrap_or(Value::Null)
+}
+
+/// Waits until the run has logged `rows` RL steps (the run must not end first).
+fn wait_for_steps(child: &mut Child, run: &Path, rows: usize, log: &Path) {
+    let t0 = Instant::now();
+    loop {
+        let n = std::fs::read_to_string(run.join("metrics.jsonl")).map(|s| s.lines().count()).unwrap_or(0);
+        if n >= rows {
+            return;
+        }
+        assert!(child.try_wait().unwrap().is_none(), "the run ended before step {rows}: {}", std::fs::read_to_string(log).unwrap_or_default());
+        assert!(t0.elapsed() < Duration::from_secs(180), "no step {rows} in 180 s: {}", std::fs::read_to_string(log).unwrap_or_default());
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
+fn kill9(pid: u64) {
+    assert!(Command::new("kill").args(["-KILL", &pid.to_string()]).status().unwrap().success(), "kill -9 {pid}");
+}
+
+fn alive(pid: u64) -> bool {
+    std::fs::read_to_string(format!("/proc/{pid}/stat")).is_ok_and(|s| !s.split(") ").nth(1).unwrap_or("").starts_with('Z'))
+}
+
+/// The ledger, replayed: a group is trained at most once between rollbacks (a
+/// resume rolls back the steps after its checkpoint), and at the end every
+/// dispatched group is trained exactly once.
+fn assert_trained_once(run: &Path) {
+    let mut trained: std::collections::HashMap<u64, u64> = Default::default();
+    let mut dispatched = std::collections::HashSet::new();
+    for e in jsonl(&run.join("ledger.jsonl")) {
+        match e["event"].as_str().unwrap() {
+            "dispatch" => {
+                dispatched.insert(e["group"].as_u64().unwrap());
+            }
+            "trained" => {
+                let g = e["group"].as_u64().unwrap();
+                assert!(trained.insert(g, e["step"].as_u64().unwrap()).is_none(), "{}: group {g} trained twice", run.display());
+            }
+            "rollback" => {
+                let s = e["step"].as_u64().unwrap();
+                trained.retain(|_, step| *step <= s);
+            }
+            _ => {}
+        }
+    }
+    assert!(!dispatched.is_empty(), "{}: nothing dispatched", run.display());
+    let missing: Vec<&u64> = dispatched.iter().filter(|g| !trained.contains_key(g)).collect();
+    assert!(missing.is_empty(), "{}: dispatched, never trained: {missing:?}", run.display());
+}
+
+#[test]
+fn killed_rollout_and_reward_processes_are_started_again_and_nothing_is_lost() {
+    let tmp = tempfile::tempdir().unwrap();
+    let (topo, recipe) = (topology(tmp.path()), recipe(tmp.path(), STEPS));
+    let (run, log) = (tmp.path().join("run"), tmp.path().join("up.log"));
+    let mut child = start(&topo, &recipe, &run, &log, &[]);
+    wait_for_steps(&mut child, &run, 3, &log);
+    let before = status(&run);
+    let rollout = process(&before, "local/rollout-0")["pid"].as_u64().expect("rollout-0's pid");
+    let reward = process(&before, "local/reward")["pid"].as_u64().expect("the reward process's pid");
+    kill9(rollout);
+    kill9(reward);
+    let exit = child.wait().unwrap();
+    let logged = std::fs::read_to_string(&log).unwrap();
+    assert!(exit.success(), "the run survives its killed processes:\n{logged}");
+
+    // Started again, once each, and counted.
+    let summary: Value = serde_json::from_str(&std::fs::read_to_string(run.join("summary.json")).unwrap()).unwrap();
+    assert_eq!(summary["process_restarts"]["local/rollout-0"], 1, "{summary}");
+    assert_eq!(summary["process_restarts"]["local/reward"], 1, "{summary}");
+    assert!(summary["process_restarts"].get("local/rollout-1").is_none(), "{summary}");
+    for name in ["local/rollout-0", "local/reward"] {
+        assert!(logged.contains(&format!("restarting {name} (restart 1 of 3)")), "{name}'s restart is logged:\n{logged}");
+        assert!(logged.contains(&format!("{name} is back")), "{name} came back:\n{logged}");
+    }
+    let after = status(&run);
+    let r0 = process(&after, "local/rollout-0");
+    assert_eq!(r0["restarts"], 1, "{after}");
+    assert_ne!(r0["pid"].as_u64(), Some(rollout), "a new rollout-0 process: {after}");
+    // It was given the current version, then rejoined the weight-sync group (a later epoch) for the last ones.
+    assert_eq!(r0["version"], after["version"], "{after}");
+    let r0_log = std::fs::read_to_string(run.join("logs/local_rollout-0.log")).unwrap();
+    assert!(r0_log.lines().any(|l| l.contains("joining epoch") && !l.contains("epoch 0 ")), "rollout-0 rejoined a later epoch:\n{r0_log}");
+    let r1_log = std::fs::read_to_string(run.join("logs/local_rollout-1.log")).unwrap();
+    assert!(r1_log.contains("joining epoch 1 "), "the survivor formed the group again:\n{r1_log}");
+    // The killed processes' work went out again; nothing was trained twice or lost.
+    assert!(summary["groups"]["redispatched"].as_u64().unwrap() <= 4, "only in-flight groups are re-dispatched: {summary}");
+    assert_eq!(summary["steps"], STEPS);
+    assert_trained_once(&run);
+    for p in after["processes"].as_array().unwrap().iter().skip(1) {
+        let pid = p["pid"].as_u64().unwrap();
+        assert!(!alive(pid), "{} (pid {pid}) outlived its run", p["name"]);
+    }
+}
+
+#[test]
+fn a_killed_controller_takes_its_nodes_with_it_and_the_run_resumes() {
+    let tmp = tempfile::tempdir().unwrap();
+    let (topo, recipe) = (topology(tmp.path()), recipe(tmp.path(), 12));
+    let (run, log) = (tmp.path().join("run"), tmp.path().join("up.log"));
+    let mut child = start(&topo, &recipe, &run, &log, &[]);
+    // Past the checkpoint of step 4.
+    wait_for_steps(&mut child, &run, 6, &log);
+    let nodes: Vec<u64> = status(&run)["processes"].as_array().unwrap().iter().skip(1).map(|p| p["pid"].as_u64().unwrap()).collect();
+    assert_eq!(nodes.len(), 4, "two rollout processes, a reward and a learner process");
+    kill9(child.id() as u64);
+    let _ = child.wait();
+    // The control plane's deadline is 5 s: every node leaves soon after.
+    let t0 = Instant::now();
+    while nodes.iter().any(|&p| alive(p)) {
+        assert!(t0.elapsed() < Duration::from_secs(20), "nodes outlived their controller by 20 s: {:?}", nodes.iter().filter(|&&p| alive(p)).collect::<Vec<_>>());
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    let left = t0.elapsed();
+    assert!(left < Duration::from_secs(12), "nodes left {left:?} after their controller died");
+    for n in ["local_rollout-0", "local_reward", "local_learner-0"] {
+        let text = std::fs::read_to_string(run.join(format!("logs/{n}.log"))).unwrap();
+        assert!(text.contains("the controller is lost"), "{n} says why it left:\n{text}");
+    }
+    // The run continues from its last checkpoint.
+    let log2 = tmp.path().join("resume.log");
+    let mut again = start(&topo, &recipe, &run, &log2, &["--resume"]);
+    let exit = again.wait().unwrap();
+    assert!(exit.success(), "{}", std::fs::read_to_string(&log2).unwrap());
+    let summary: Value = serde_json::from_str(&std::fs::read_to_string(run.join("summary.json")).unwrap()).unwrap();
+    assert_eq!(summary["steps"], 12);
+    assert_trained_once(&run);
+    let steps: Vec<u64> = jsonl(&run.join("metrics.jsonl")).iter().map(|r| r["step"].as_u64().unwrap()).collect();
+    assert_eq!(steps, (1..=12).collect::<Vec<_>>(), "every step logged once");
+}
+
+#[test]
+fn a_killed_learner_rank_starts_the_run_again_from_its_checkpoint() {
+    let tmp = tempfile::tempdir().unwrap();
+    let (topo, recipe) = (topology(tmp.path()), recipe(tmp.path(), 12));
+    let (run, log) = (tmp.path().join("run"), tmp.path().join("up.log"));
+    let mut child = start(&topo, &recipe, &run, &log, &[]);
+    wait_for_steps(&mut child, &run, 6, &log);
+    let before = status(&run);
+    let nodes: Vec<u64> = before["processes"].as_array().unwrap().iter().skip(1).map(|p| p["pid"].as_u64().unwrap()).collect();
+    kill9(process(&before, "local/learner-0")["pid"].as_u64().unwrap());
+    let exit = child.wait().unwrap();
+    let logged = std::fs::read_to_string(&log).unwrap();
+    assert!(exit.success(), "the run starts again by itself and finishes:\n{logged}");
+    assert!(logged.contains("local/learner-0 holds a learner rank"), "{logged}");
+    assert!(logged.contains("starting the run again from its newest checkpoint (restart 1 of 3)"), "{logged}");
+    assert!(logged.contains("resuming at RL step 4"), "from the checkpoint of step 4:\n{logged}");
+    // The first start's processes all stopped; the second start's are new ones.
+    for p in &nodes {
+        assert!(!alive(*p), "pid {p} of the first start outlived it");
+    }
+    let after = status(&run);
+    assert_eq!(after["pid"], before["pid"], "the same `up` process (exec), so `launcher down` still finds it");
+    assert_trained_once(&run);
+    let steps: Vec<u64> = jsonl(&run.join("metrics.jsonl")).iter().map(|r| r["step"].as_u64().unwrap()).collect();
+    assert_eq!(steps, (1..=12).collect::<Vec<_>>(), "every step logged once");
+    let progress = std::fs::read_to_string(run.join("progress.log")).unwrap();
+    assert!(progress.contains("restart 1 of 3"), "the progress log says so too:\n{progress}");
+}
