@@ -183,7 +183,7 @@ metrics! {
     weight_sync_bytes_received_total: IntCounter => "rlmesh_weight_sync_bytes_received_total",
         "Bytes of the policy versions this process's rollout actor loaded (digest-checked; refused versions are not counted).";
     restart_budget_left: GaugeVec["actor"] => "rlmesh_restart_budget_left",
-        "Restarts each supervised actor has left before its supervisor gives up on it.";
+        "Restarts each supervised actor, or each process the controller started (`actor` = NODE/PROCESS), has left before it stays down.";
     tool_call_seconds: HistogramVec["tool"] buckets prometheus::exponential_buckets(0.0001, 4.0, 10).expect("valid buckets") => "rlmesh_tool_call_seconds",
         "Wall seconds of each tool call in trained rollouts (tool: a name the tasks allow, or other).";
     tool_calls_total: IntCounterVec["tool", "outcome"] => "rlmesh_tool_calls_total",
@@ -207,7 +207,7 @@ metrics! {
     learner_grad_norm: Gauge => "rlmesh_learner_grad_norm",
         "Gradient norm before clipping in the last step.";
     actor_restarts_total: IntCounterVec["actor"] => "rlmesh_actor_restarts_total",
-        "Restarts of each actor by its supervisor.";
+        "Restarts of each actor by its supervisor, and of each process the controller started again (`actor` = NODE/PROCESS).";
     groups_dispatched_total: IntCounter => "rlmesh_groups_dispatched_total",
         "Prompt groups sent to rollout actors for the first time.";
     groups_redispatched_total: IntCounter => "rlmesh_groups_redispatched_total",
@@ -221,7 +221,7 @@ metrics! {
     control_sessions_refused_total: IntCounter => "rlmesh_control_sessions_refused_total",
         "Control-plane connections that never authenticated (a wrong cookie, or not rlmesh).";
     peers_lost_total: IntCounterVec["peer"] => "rlmesh_peers_lost_total",
-        "Processes this one declared lost (silent past the heartbeat deadline).";
+        "Processes this one declared lost: silent past the heartbeat deadline, or (the controller) exited or unreachable.";
 }
 
 /// Reasons a group is dropped untrained (`rlmesh_groups_dropped_total{reason}`).
@@ -255,6 +255,67 @@ impl Metrics {
                 let tool = if tools.iter().any(|n| *n == s.name) { s.name.as_str() } else { OTHER_TOOL };
                 self.tool_call_seconds.with_label_values(&[tool]).observe(s.latency_ms / 1000.0);
                 self.tool_calls_total.with_label_values(&[tool, if s.success { "ok" } else { "error" }]).inc();
+            }
+        }
+    }
+}
+
+/// The counters a run carries over a restart and a resume: kept in every
+/// checkpoint's data cursor and added back when the run continues from it, so
+/// `rate()` and the totals do not start again from zero.
+#[derive(Clone, Debug, Default, PartialEq, serde::Serialize, serde::Deserialize)]
+pub struct Carried {
+    /// `rlmesh_groups_dispatched_total`.
+    pub groups_dispatched: u64,
+    /// `rlmesh_groups_redispatched_total`.
+    pub groups_redispatched: u64,
+    /// `rlmesh_groups_trained_total`.
+    pub groups_trained: u64,
+    /// `rlmesh_groups_dropped_total`, by reason.
+    pub groups_dropped: std::collections::BTreeMap<String, u64>,
+    /// `rlmesh_generated_tokens_total`, by actor.
+    pub generated_tokens: std::collections::BTreeMap<String, u64>,
+    /// `rlmesh_actor_restarts_total`, by actor.
+    pub actor_restarts: std::collections::BTreeMap<String, u64>,
+}
+
+/// The values of a one-label counter family, by label value.
+fn by_label(v: &IntCounterVec) -> std::collections::BTreeMap<String, u64> {
+    use prometheus::core::Collector;
+    let mut out = std::collections::BTreeMap::new();
+    for family in v.collect() {
+        for m in family.get_metric() {
+            let label = m.get_label().first().map(|l| l.value().to_string()).unwrap_or_default();
+            let n = m.get_counter().get_value() as u64;
+            if n > 0 {
+                out.insert(label, n);
+            }
+        }
+    }
+    out
+}
+
+impl Metrics {
+    /// The carried counters now.
+    pub fn carried(&self) -> Carried {
+        Carried {
+            groups_dispatched: self.groups_dispatched_total.get(),
+            groups_redispatched: self.groups_redispatched_total.get(),
+            groups_trained: self.groups_trained_total.get(),
+            groups_dropped: by_label(&self.groups_dropped_total),
+            generated_tokens: by_label(&self.generated_tokens_total),
+            actor_restarts: by_label(&self.actor_restarts_total),
+        }
+    }
+
+    /// Adds counters carried from a checkpoint (a resumed run's earlier processes).
+    pub fn carry_over(&self, c: &Carried) {
+        self.groups_dispatched_total.inc_by(c.groups_dispatched);
+        self.groups_redispatched_total.inc_by(c.groups_redispatched);
+        self.groups_trained_total.inc_by(c.groups_trained);
+        for (vec, values) in [(&self.groups_dropped_total, &c.groups_dropped), (&self.generated_tokens_total, &c.generated_tokens), (&self.actor_restarts_total, &c.actor_restarts)] {
+            for (label, n) in values {
+                vec.with_label_values(&[label]).inc_by(*n);
             }
         }
     }

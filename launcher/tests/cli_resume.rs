@@ -119,6 +119,8 @@ fn a_killed_run_resumes_without_training_a_group_twice() {
     assert!(err.contains("resuming at RL step 3") || err.contains("resuming at RL step 6"), "{err}");
     let summary: Value = serde_json::from_slice(&std::fs::read(run.join("summary.json")).unwrap()).unwrap();
     assert_eq!(summary["steps"], STEPS);
+    // The counters carried over the kill: every step's groups, not only the resumed process's.
+    assert_eq!(summary["counters"]["groups_trained"], STEPS * GROUPS_PER_STEP, "{summary}");
     // The whole run's wall time: the killed process's to its checkpoint, then the resumed one's.
     let wall = summary["wall_seconds"].as_f64().unwrap();
     assert!(before_resume > 0.0 && wall > before_resume && wall < before_resume + resumed.as_secs_f64(), "{wall} s: {before_resume} s to the checkpoint, {resumed:?} resuming");

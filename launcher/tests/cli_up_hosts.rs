@@ -133,3 +133,84 @@ fn a_lost_rollout_host_leaves_routing_and_the_run_goes_on() {
         std::thread::sleep(std::time::Duration::from_millis(100));
     }
 }
+
+/// The learner's host h1 is cut off mid-run: the run stops within the
+/// heartbeat deadline with an error that names the rank and the way on, every
+/// other process leaves, and once h1 answers again `launcher up --resume`
+/// finishes the run from the last checkpoint with nothing trained twice.
+#[test]
+fn a_lost_learner_host_stops_the_run_with_the_reason_and_resume_finishes_it() {
+    let Some(hosts) = TestHosts::start_or_skip(3) else { return };
+    let tmp = tempfile::tempdir().unwrap();
+    let recipe = tmp.path().join("lost-learner.toml");
+    std::fs::write(
+        &recipe,
+        "reward = \"process\"\n[model]\nhidden = 32\nlayers = 1\n[tasks]\nsize = 64\nheld_out = 100\n[sft]\nsteps = 2\nbatch_size = 4\ntasks = 256\n\
+         [rl]\nsteps = 100\ngroup_size = 2\ngroups_per_step = 2\nmax_turns = 2\nmax_new_tokens = 16\nmode = \"sync\"\ncheckpoint_every = 4\n",
+    )
+    .unwrap();
+    let nodes: String = (0..3).map(|i| format!("[[nodes]]\nname = \"h{i}\"\nhost = \"{}\"\n", hosts.address(i))).collect();
+    let topo = tmp.path().join("lost-learner.topology.toml");
+    std::fs::write(
+        &topo,
+        format!(
+            "name = \"lost-learner\"\n{nodes}\n[ports]\ncontrol = 29500\ndata = 29600\nmetrics = 9100\nmaster = 29400\n\
+             [ssh]\nconfig_file = \"{}\"\n\
+             [controller]\nnode = \"h0\"\nprocess = \"main\"\n[weight_sync]\nnode = \"h0\"\nprocess = \"main\"\n\
+             [rollout]\nplacement = [{{ node = \"h2\", actors = 1 }}]\n\
+             [reward]\nplacement = [{{ node = \"h0\", actors = 1, process = \"main\" }}]\n\
+             [learner]\nranks = 1\nplacement = [{{ node = \"h1\", actors = 1 }}]\n",
+            hosts.ssh_config_path().display()
+        ),
+    )
+    .unwrap();
+    let run = tmp.path().join("run");
+    let up = |log: &std::path::Path, extra: &[&str]| {
+        hosts
+            .exec_in(0)
+            .arg(env!("CARGO_BIN_EXE_launcher"))
+            .current_dir(repo())
+            .args(["up", topo.to_str().unwrap(), "--recipe", recipe.to_str().unwrap(), "--run-dir", run.to_str().unwrap(), "--eval-limit", "4"])
+            .args(extra)
+            .stdout(std::process::Stdio::null())
+            .stderr(std::fs::File::create(log).unwrap())
+            .spawn()
+            .unwrap()
+    };
+    let log = tmp.path().join("up.log");
+    let mut child = up(&log, &[]);
+    let t0 = std::time::Instant::now();
+    while std::fs::read_to_string(run.join("metrics.jsonl")).map(|s| s.lines().count()).unwrap_or(0) < 6 {
+        assert!(child.try_wait().unwrap().is_none(), "the run ended early: {}", std::fs::read_to_string(&log).unwrap_or_default());
+        assert!(t0.elapsed() < std::time::Duration::from_secs(180), "no RL step 6: {}", std::fs::read_to_string(&log).unwrap_or_default());
+        std::thread::sleep(std::time::Duration::from_millis(50));
+    }
+    let status: Value = serde_json::from_str(&std::fs::read_to_string(run.join("status.json")).unwrap()).unwrap();
+    let pids: Vec<(usize, u32)> = status["processes"].as_array().unwrap().iter().skip(1).map(|p| {
+        let host = if p["name"].as_str().unwrap().starts_with("h1/") { 1 } else { 2 };
+        (host, p["pid"].as_u64().unwrap() as u32)
+    }).collect();
+    hosts.cut(1).unwrap();
+    let cut = std::time::Instant::now();
+    let exit = child.wait().unwrap();
+    let took = cut.elapsed();
+    let logged = std::fs::read_to_string(&log).unwrap();
+    hosts.restore(1).unwrap();
+    assert_eq!(exit.code(), Some(1), "the run cannot go on without its learner:\n{logged}");
+    assert!(took < std::time::Duration::from_secs(20), "it stopped {took:?} after h1 was cut");
+    assert!(logged.contains("a learner rank is lost (h1/learner-0 silent past the heartbeat deadline)"), "{logged}");
+    assert!(logged.contains("--resume"), "the error says how to go on:\n{logged}");
+    assert!(run.join("checkpoints/latest").exists(), "a checkpoint is left");
+    // Every process of the run has left, h1's once it noticed its controller was gone.
+    let t1 = std::time::Instant::now();
+    while pids.iter().any(|(h, p)| hosts.pids(*h).contains(p)) {
+        assert!(t1.elapsed() < std::time::Duration::from_secs(30), "a node outlived the stopped run: {pids:?}");
+        std::thread::sleep(std::time::Duration::from_millis(100));
+    }
+    let log2 = tmp.path().join("resume.log");
+    let exit = up(&log2, &["--resume"]).wait().unwrap();
+    assert!(exit.success(), "{}", std::fs::read_to_string(&log2).unwrap());
+    assert_trained_once_replayed(&run);
+    let steps: Vec<u64> = jsonl(&run.join("metrics.jsonl")).iter().map(|r| r["step"].as_u64().unwrap()).collect();
+    assert_eq!(steps, (1..=100).collect::<Vec<_>>(), "every step logged once");
+}

@@ -1202,6 +1202,19 @@ impl Process {
         }
     }
 
+    /// Give up on a process that cannot be reached: kill this machine's side
+    /// only (a local child itself; for a remote one, its ssh or srun client),
+    /// without a signal through a new connection, which would wait for a host
+    /// that is gone. A remote rlmesh node cut off this way leaves by itself once
+    /// its controller is silent past the heartbeat deadline.
+    pub fn abandon(mut self) {
+        self.kill_client();
+        if let Some(c) = self.child.as_mut() {
+            let _ = c.wait();
+        }
+        self.on_drop = OnDrop::Leave;
+    }
+
     /// Forget the process: it keeps running, and this handle no longer stops it.
     pub fn leave_running(mut self) {
         self.on_drop = OnDrop::Leave;

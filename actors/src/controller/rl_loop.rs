@@ -118,7 +118,7 @@ impl<'a> RlLoop<'a> {
 
     /// The data cursor a checkpoint taken now records.
     pub(super) fn cursor_now(&self) -> Cursor {
-        Cursor::at(self.step, self.cursor, &self.metrics_log, &self.rollouts_log, self.cx.after_warmup, self.cx.after_warmup_sampled, &self.ledger, self.wall())
+        Cursor::at(self.step, self.cursor, &self.metrics_log, &self.rollouts_log, self.cx.after_warmup, self.cx.after_warmup_sampled, &self.ledger, self.wall(), self.cx.metrics.carried())
     }
 
     /// Trains to the last step. A SIGTERM is looked at after every answer from

@@ -140,6 +140,9 @@ pub struct Summary {
     /// Restarts of each process of a distributed run that was started again.
     #[serde(default)]
     pub process_restarts: std::collections::BTreeMap<String, u32>,
+    /// The run's counters at the end, over every process of it (a resumed run's included).
+    #[serde(default)]
+    pub counters: crate::metrics::Carried,
     /// Wall seconds of the whole run.
     pub wall_seconds: f64,
     /// Where `/metrics` was served.
@@ -176,6 +179,9 @@ pub enum RunError {
         why: String,
         /// The error the run stopped on.
         cause: String,
+        /// The process exited (a crash), so the run can start again at once;
+        /// otherwise it fell silent (its host unreachable?), and a start would wait for it.
+        exited: bool,
     },
     /// The ledger refused a transition.
     #[error(transparent)]
@@ -248,11 +254,14 @@ pub(super) struct Cursor {
     /// Wall seconds of the run up to the checkpoint, over all its processes.
     #[serde(default)]
     pub(super) wall_seconds: f64,
+    /// The counters carried over a resume (absent in older checkpoints).
+    #[serde(default)]
+    pub(super) counters: crate::metrics::Carried,
 }
 
 impl Cursor {
     #[allow(clippy::too_many_arguments)]
-    pub(super) fn at(step: u64, train_cursor: usize, metrics: &Jsonl, rollouts: &Jsonl, after_warmup: &Value, after_warmup_sampled: &Value, ledger: &Ledger, wall_seconds: f64) -> Cursor {
+    pub(super) fn at(step: u64, train_cursor: usize, metrics: &Jsonl, rollouts: &Jsonl, after_warmup: &Value, after_warmup_sampled: &Value, ledger: &Ledger, wall_seconds: f64, counters: crate::metrics::Carried) -> Cursor {
         Cursor {
             step,
             train_cursor,
@@ -262,6 +271,7 @@ impl Cursor {
             after_warmup_sampled: after_warmup_sampled.clone(),
             groups_trained: Some(ledger.counts().trained),
             wall_seconds,
+            counters,
         }
     }
 }
@@ -561,15 +571,24 @@ pub async fn run(opts: RunOptions) -> Result<Summary, RunError> {
     match run_processes(opts, lost.clone()).await {
         Err(e @ (RunError::Refused(_) | RunError::Stopped(_))) => Err(e),
         Err(e) => match lost.lock().expect("loss lock").clone() {
-            Some(why) => Err(RunError::LearnerLost { why, cause: e.to_string() }),
+            Some(LostRank { why, exited }) => Err(RunError::LearnerLost { why, cause: e.to_string(), exited }),
             None => Err(e),
         },
         ok => ok,
     }
 }
 
-/// Set by the fleet's keeper when a learner rank's process is lost.
-pub type LearnerLoss = Arc<Mutex<Option<String>>>;
+/// Set by the fleet when a learner rank's process is lost.
+pub type LearnerLoss = Arc<Mutex<Option<LostRank>>>;
+
+/// How a learner rank's process was lost.
+#[derive(Clone, Debug)]
+pub struct LostRank {
+    /// Which process, and how.
+    pub why: String,
+    /// It exited (rather than fell silent).
+    pub exited: bool,
+}
 
 async fn run_processes(opts: RunOptions, learner_loss: LearnerLoss) -> Result<Summary, RunError> {
     let t0 = Instant::now();
@@ -717,6 +736,8 @@ async fn run_processes(opts: RunOptions, learner_loss: LearnerLoss) -> Result<Su
         let cursor: Cursor = serde_json::from_value(meta.data_cursor)
             .map_err(|e| RunError::Setup(format!("--resume: the checkpoint's data cursor is not this pipeline's ({e})")))?;
         progress.line(format!("resuming at RL step {} (policy v{})", cursor.step, meta.policy_version));
+        // The counters go on from the checkpoint's, not from zero.
+        metrics.carry_over(&cursor.counters);
         Some((meta.policy_version, cursor))
     } else {
         ractor::call!(learner, LearnerMsg::Configure, rl_learner_config(&recipe))
@@ -785,7 +806,14 @@ async fn run_processes(opts: RunOptions, learner_loss: LearnerLoss) -> Result<Su
     let start = resumed.as_ref().map(|r| r.1.clone()).unwrap_or_default();
     let (ledger, retry) = open_ledger(&dir, resumed.is_some().then_some(&start), &train, &progress)?;
     if resumed.is_none() {
-        let c = Cursor { after_warmup: after_warmup.clone(), after_warmup_sampled: after_warmup_sampled.clone(), groups_trained: Some(0), wall_seconds: t0.elapsed().as_secs_f64(), ..Default::default() };
+        let c = Cursor {
+            after_warmup: after_warmup.clone(),
+            after_warmup_sampled: after_warmup_sampled.clone(),
+            groups_trained: Some(0),
+            wall_seconds: t0.elapsed().as_secs_f64(),
+            counters: metrics.carried(),
+            ..Default::default()
+        };
         let after = checkpoint(&driver.learner, &dir, version, &c).await?;
         if let (Some(s), false) = (&shared, reused) {
             match warm_start::store(s, &model_dir, &after) {
@@ -859,6 +887,7 @@ async fn run_processes(opts: RunOptions, learner_loss: LearnerLoss) -> Result<Su
                         "stale": rl.gate.stale, "redispatched": metrics.groups_redispatched_total.get()}),
         actor_restarts: metrics.actor_restarts_total.with_label_values(&["rollout-0"]).get(),
         process_restarts: fleet.as_ref().map(Fleet::restarts).unwrap_or_default(),
+        counters: metrics.carried(),
         wall_seconds: rl.wall(),
         metrics_addr: metrics_addr.clone(),
     };

@@ -27,7 +27,7 @@ use super::wire::*;
 use super::weights::{GroupSpec, WeightGroup};
 use super::keeper::{KeepPolicy, Keeper};
 use super::{Outboxes, RefusalMirror};
-use crate::controller::run::LearnerLoss;
+use crate::controller::run::{LearnerLoss, LostRank};
 use crate::controller::supervisor::RolloutSlots;
 use crate::weight_sync::WeightUpdate;
 use crate::metrics::Metrics;
@@ -152,8 +152,10 @@ pub(super) struct Core {
     pub(super) rollouts: RolloutSlots,
     /// How each rollout process is reached, by slot (set once hosted).
     pub(super) routes: std::sync::OnceLock<Vec<Route>>,
-    /// Processes lost and not (yet) back.
+    /// Processes lost and not (yet) back (the keeper's record of the restarts it owes).
     pub(super) down: Mutex<HashSet<String>>,
+    /// Processes lost and not set up again: a call on one fails at once.
+    gone: Mutex<HashSet<String>>,
     /// Rollout processes that missed a version of the group (restarted, or a
     /// broadcast failed): the driver loads the current one into each before its next request.
     missed: Mutex<HashSet<String>>,
@@ -182,11 +184,24 @@ impl Core {
         self.next.fetch_add(1, Ordering::Relaxed)
     }
 
-    /// The reply to call `key`, failed if any of `processes` is lost before it comes.
+    /// The reply to call `key`, failed if any of `processes` is lost before
+    /// it comes (at once if one is lost already).
     pub(super) fn expect(&self, processes: &[&str], key: Key) -> oneshot::Receiver<Reply> {
         let (tx, rx) = oneshot::channel();
         self.pending.lock().expect("pending lock").insert(key, (processes.iter().map(|p| p.to_string()).collect(), tx));
+        // After the insert: a loss noted since is seen here, one noted later fails the call itself.
+        let gone = self.gone.lock().expect("gone lock").iter().find(|g| processes.contains(&g.as_str())).cloned();
+        if let Some(p) = gone {
+            if let Some((_, tx)) = self.pending.lock().expect("pending lock").remove(&key) {
+                let _ = tx.send(Reply::Lost(p));
+            }
+        }
         rx
+    }
+
+    /// `process` was started again and says Hello: calls on it wait for their answers again.
+    pub(super) fn revive(&self, process: &str) {
+        self.gone.lock().expect("gone lock").remove(process);
     }
 
     fn resolve(&self, key: Key, reply: Reply) {
@@ -200,11 +215,12 @@ impl Core {
 
     /// `process` is lost (`why`): a learner rank's loss is noted for the run
     /// first, then every call waiting on it fails.
-    pub(super) fn lose(&self, process: &str, why: &str) {
+    pub(super) fn lose(&self, process: &str, why: &str, exited: bool) {
         let learner = self.members.lock().expect("members lock").iter().any(|m| m.planned.name == process && has(&m.planned, Role::Learner));
         if learner {
-            self.learner_loss.lock().expect("loss lock").get_or_insert_with(|| format!("{process} {why}"));
+            self.learner_loss.lock().expect("loss lock").get_or_insert_with(|| LostRank { why: format!("{process} {why}"), exited });
         }
+        self.gone.lock().expect("gone lock").insert(process.to_string());
         self.fail_process(process);
     }
 
@@ -385,6 +401,7 @@ impl Fleet {
             rollouts: Arc::default(),
             routes: std::sync::OnceLock::new(),
             down: Mutex::default(),
+            gone: Mutex::default(),
             missed: Mutex::default(),
             lost,
             publisher: std::sync::OnceLock::new(),
@@ -563,8 +580,11 @@ impl Fleet {
             for m in members {
                 // An externally started process leaves on Stop; its starter owns it.
                 let Some(mut process) = m.process else { continue };
-                // A lost one heard no Stop: it is stopped at once.
-                let grace = if down.contains(&m.planned.name) { Duration::ZERO } else { grace };
+                // A lost one heard no Stop, and may be on a host that is gone.
+                if down.contains(&m.planned.name) {
+                    process.abandon();
+                    continue;
+                }
                 match process.wait_timeout(grace) {
                     Ok(Some(_)) => {}
                     _ => {
@@ -587,11 +607,18 @@ impl Drop for Fleet {
         }
         self.router.abort();
         let members: Vec<Member> = std::mem::take(&mut *self.core.members.lock().expect("members lock"));
+        let down = self.core.down.lock().expect("down lock").clone();
         for m in &members {
             let _ = self.core.tx.send(&m.planned.name, &ControlMsg::Stop);
         }
-        for mut p in members.into_iter().filter_map(|m| m.process) {
-            let _ = p.stop(Duration::from_secs(3));
+        for m in members {
+            let Some(mut p) = m.process else { continue };
+            // A lost one may be on a host that is gone: only this machine's side is ended.
+            if down.contains(&m.planned.name) {
+                p.abandon();
+            } else {
+                let _ = p.stop(Duration::from_secs(3));
+            }
         }
     }
 }
@@ -672,7 +699,7 @@ async fn route(mut control: ControlNode<ControlMsg>, mut inbox: Inbox<DataMsg>, 
                     other => eprintln!("[fleet] unexpected control message from {from}: {other:?}"),
                 },
                 Some(Incoming::Peer(PeerEvent::Lost(p))) => {
-                    core.lose(&p, "silent past the heartbeat deadline");
+                    core.lose(&p, "silent past the heartbeat deadline", false);
                     let _ = core.lost.send((p, "silent past the heartbeat deadline".into()));
                 }
                 Some(Incoming::Peer(PeerEvent::Back(p))) => eprintln!("[fleet] {p} is back"),
@@ -965,7 +992,7 @@ impl Publisher {
             let Route { process, key, .. } = &routes[i];
             acks.push((process.clone(), core.expect(&[process], (id, *key))));
             if let Err(e) = core.tx.send(process, &ControlMsg::Receive { id }) {
-                core.fail_process(process);
+                core.lose(process, &e.to_string(), false);
                 let _ = core.lost.send((process.clone(), e.to_string()));
             }
         }

@@ -95,13 +95,13 @@ impl Keeper {
         loop {
             let lost = tokio::select! {
                 l = losses.recv() => match l {
-                    Some((name, why)) => vec![(name, why, true)],
+                    Some((name, why)) => vec![(name, why, false, true)],
                     None => return,
                 },
                 _ = poll.tick() => self.exited(),
             };
-            for (name, why, restart) in lost {
-                if let Some(i) = self.take_down(&name, &why, restart) {
+            for (name, why, exited, restart) in lost {
+                if let Some(i) = self.take_down(&name, &why, exited, restart) {
                     restarts.spawn(self.clone().restart(i, name));
                 }
             }
@@ -112,21 +112,21 @@ impl Keeper {
     /// Started processes that have exited and are not known to be down, and
     /// whether to start each again: not one that left as asked (exit 0: a node
     /// leaves so on SIGTERM), nor one ended by SIGTERM or SIGINT.
-    fn exited(&self) -> Vec<(String, String, bool)> {
+    fn exited(&self) -> Vec<(String, String, bool, bool)> {
         let down = self.core.down.lock().expect("down lock").clone();
         let mut members = self.core.members.lock().expect("members lock");
         let mut out = vec![];
         for m in members.iter_mut().filter(|m| !down.contains(&m.planned.name)) {
             if let Some(Ok(Some(exit))) = m.process.as_mut().map(Process::try_wait) {
                 let asked = matches!(exit, Exit::Code(0) | Exit::Signal(libc::SIGTERM | libc::SIGINT));
-                out.push((m.planned.name.clone(), format!("exited: {exit:?}"), !asked));
+                out.push((m.planned.name.clone(), format!("exited: {exit:?}"), true, !asked));
             }
         }
         out
     }
 
     /// Marks `name` down and fails what waits on it; the member's index when it is to be started again.
-    fn take_down(&self, name: &str, why: &str, restart: bool) -> Option<usize> {
+    fn take_down(&self, name: &str, why: &str, exited: bool, restart: bool) -> Option<usize> {
         let core = &self.core;
         if !core.down.lock().expect("down lock").insert(name.to_string()) {
             return None;
@@ -134,7 +134,7 @@ impl Keeper {
         let i = core.index(name)?;
         (self.say)(format!("{name} is lost ({why}); its calls fail and its groups are sent out again"));
         self.metrics.peers_lost_total.with_label_values(&[name]).inc();
-        core.lose(name, why);
+        core.lose(name, why, exited);
         // A process started again under this name joins as new.
         core.tx.forget(name);
         if let Some(slot) = core.routes.get().and_then(|r| r.iter().position(|r| r.process == name)) {
@@ -153,7 +153,8 @@ impl Keeper {
         }
         let roles: Vec<Role> = core.members.lock().expect("members lock")[i].planned.actors.iter().map(|a| a.role).collect();
         if roles.contains(&Role::Learner) {
-            (self.say)(format!("{name} holds a learner rank: learner ranks are not restarted one by one, so the run stops and starts again from its newest checkpoint"));
+            let next = if exited { "starts again from its newest checkpoint" } else { "can be resumed from its newest checkpoint once the host answers" };
+            (self.say)(format!("{name} holds a learner rank: learner ranks are not restarted one by one, so the run stops and {next}"));
             return None;
         }
         if !restart {
@@ -242,6 +243,7 @@ impl Keeper {
         }
         // Whatever was counted for its earlier life (a send to its dead session) starts again here.
         core.tx.forget(name);
+        core.revive(name);
         let rx = core.expect(&[name], (SETUP_ID, i as u32));
         core.tx.send(name, &ControlMsg::Setup(super::wire::Json::of(&setup))).map_err(|e| e.to_string())?;
         ready(rx, name, &log).await?;

@@ -59,7 +59,22 @@ impl Run {
 }
 
 /// Runs `world` workers; `edit(rank, &mut args)` customises each rank's arguments.
+///
+/// The rendezvous port is probed free, then bound by rank 0 a moment later;
+/// when another test of this binary took it in between, the world is run
+/// again on another port (up to 3 times).
 pub fn run_world(world: usize, edit: impl Fn(usize, &mut WorkerArgs)) -> Run {
+    for _ in 0..2 {
+        let run = run_world_once(world, &edit);
+        if !run.outputs.iter().any(|o| o.stderr.contains("cannot listen: Address already in use")) {
+            return run;
+        }
+        eprintln!("the rendezvous port was taken between its probe and its bind; running the world again elsewhere");
+    }
+    run_world_once(world, &edit)
+}
+
+fn run_world_once(world: usize, edit: &impl Fn(usize, &mut WorkerArgs)) -> Run {
     let dir = tempfile::tempdir().expect("temp dir");
     let addr = free_loopback_addr();
     let paths: Vec<PathBuf> = (0..world).map(|r| dir.path().join(format!("rank{r}.bin"))).collect();

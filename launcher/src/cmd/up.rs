@@ -172,7 +172,7 @@ pub fn up(a: UpArgs) -> CliResult {
     let summary = result.map_err(|e| match e {
         RunError::Refused(_) => CliError::usage(e),
         RunError::Stopped(_) => CliError::terminated(e),
-        RunError::LearnerLost { why, cause } => start_again(&dir, &why, &cause),
+        RunError::LearnerLost { why, cause, exited } => start_again(&dir, &why, &cause, exited),
         e => CliError::from(e),
     })?;
     println!("{}", serde_json::to_string_pretty(&summary)?);
@@ -187,15 +187,20 @@ const RESTARTS_ENV: &str = "RLMESH_LEARNER_RESTARTS";
 /// A learner rank was lost and every process of the run has stopped: this
 /// process becomes `launcher up … --resume` (`exec`, so its pid, which
 /// `status.json`, `launcher down` and a scheduler know, stays the same), after a
-/// back-off, while the budget lasts and a checkpoint exists. Returns only the
-/// error to exit with.
-fn start_again(dir: &Path, why: &str, cause: &str) -> CliError {
+/// back-off, while the budget lasts and a checkpoint exists. A rank that fell
+/// silent rather than exited (its host unreachable?) is not started again
+/// here: a start would wait for the host. Returns only the error to exit with.
+fn start_again(dir: &Path, why: &str, cause: &str, exited: bool) -> CliError {
     use std::os::unix::process::CommandExt;
     let done: u32 = std::env::var(RESTARTS_ENV).ok().and_then(|v| v.parse().ok()).unwrap_or(0);
     let resumable = !rlmesh_actors::learner::list_checkpoints(&dir.join("checkpoints")).is_empty();
     let lost = format!("a learner rank is lost ({why}): {cause}");
-    if !resumable || done >= LEARNER_RESTARTS {
-        let why_not = if resumable { format!("the run was started again {done} times already (the budget)") } else { "there is no checkpoint to start again from".into() };
+    if !resumable || done >= LEARNER_RESTARTS || !exited {
+        let why_not = match (resumable, exited) {
+            (false, _) => "there is no checkpoint to start again from".to_string(),
+            (true, false) => "it fell silent rather than exited (is its host reachable?), so the run is not started again by itself".to_string(),
+            (true, true) => format!("the run was started again {done} times already (the budget)"),
+        };
         return CliError::from(anyhow::anyhow!("{lost}; {why_not}. `launcher up … --resume --run-dir {}` continues from the newest checkpoint", dir.display()));
     }
     let backoff = std::time::Duration::from_secs(1 << done);

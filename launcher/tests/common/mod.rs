@@ -102,3 +102,30 @@ pub fn shipped_on_free_ports(name: &str, dir: &Path) -> PathBuf {
     std::fs::write(&path, format!("{}{}{}", &shipped[..start], free_ports_table(8), &shipped[end..])).unwrap();
     path
 }
+
+/// The ledger, replayed: a group is trained at most once between rollbacks (a
+/// resume rolls back the steps after its checkpoint), and at the end every
+/// dispatched group is trained exactly once.
+pub fn assert_trained_once_replayed(run: &Path) {
+    let mut trained: std::collections::HashMap<u64, u64> = Default::default();
+    let mut dispatched = std::collections::HashSet::new();
+    for e in jsonl(&run.join("ledger.jsonl")) {
+        match e["event"].as_str().unwrap() {
+            "dispatch" => {
+                dispatched.insert(e["group"].as_u64().unwrap());
+            }
+            "trained" => {
+                let g = e["group"].as_u64().unwrap();
+                assert!(trained.insert(g, e["step"].as_u64().unwrap()).is_none(), "{}: group {g} trained twice", run.display());
+            }
+            "rollback" => {
+                let s = e["step"].as_u64().unwrap();
+                trained.retain(|_, step| *step <= s);
+            }
+            _ => {}
+        }
+    }
+    assert!(!dispatched.is_empty(), "{}: nothing dispatched", run.display());
+    let missing: Vec<&u64> = dispatched.iter().filter(|g| !trained.contains_key(g)).collect();
+    assert!(missing.is_empty(), "{}: dispatched, never trained: {missing:?}", run.display());
+}
