@@ -223,3 +223,28 @@ fn a_killed_learner_rank_starts_the_run_again_from_its_checkpoint() {
     let summary: Value = serde_json::from_str(&std::fs::read_to_string(run.join("summary.json")).unwrap()).unwrap();
     assert_eq!(summary["counters"]["groups_trained"], 24, "counted over both starts: {summary}");
 }
+
+#[test]
+fn a_chaos_run_survives_its_kills_and_loses_nothing() {
+    let tmp = tempfile::tempdir().unwrap();
+    let (topo, recipe) = (topology(tmp.path()), recipe(tmp.path(), 2 * STEPS));
+    let (run, log) = (tmp.path().join("run"), tmp.path().join("up.log"));
+    // Refused where it cannot act: the embedded default has no process of its own to kill.
+    let out = Command::new(env!("CARGO_BIN_EXE_launcher"))
+        .current_dir(repo())
+        .args(["up", "deploy/local.toml", "--recipe", &recipe, "--run-dir", tmp.path().join("nothing").to_str().unwrap(), "--chaos", "rollout:1", "--dry-run"])
+        .output()
+        .unwrap();
+    assert_eq!(code(&out), 2, "{}", stderr(&out));
+    assert!(stderr(&out).contains("places no rollout actor in a process of its own"), "{}", stderr(&out));
+    let exit = start(&topo, &recipe, &run, &log, &["--chaos", "rollout:2:1"]).wait().unwrap();
+    let logged = std::fs::read_to_string(&log).unwrap();
+    assert!(exit.success(), "{logged}");
+    for k in ["(1 of 2)", "(2 of 2)"] {
+        assert!(logged.lines().any(|l| l.contains("chaos: killed local/rollout-") && l.contains(k)), "chaos kill {k} is logged:\n{logged}");
+    }
+    let summary: Value = serde_json::from_str(&std::fs::read_to_string(run.join("summary.json")).unwrap()).unwrap();
+    let restarts: u64 = summary["process_restarts"].as_object().unwrap().values().map(|v| v.as_u64().unwrap()).sum();
+    assert_eq!(restarts, 2, "each kill was followed by a restart: {summary}");
+    assert_trained_once_replayed(&run);
+}

@@ -179,21 +179,44 @@ impl Driver {
         ractor::call!(self.reward, RewardMsg::Score, res.groups).map_err(|e| RunError::Actor { actor: "reward", message: e.to_string() })
     }
 
-    /// One rollout per task (greedy, or sampled as in training), spread over the rollout actors, scored.
+    /// One rollout per task (greedy, or sampled as in training), spread over
+    /// the rollout actors, scored. A chunk whose actor fails (its process lost)
+    /// goes to another, up to [`Driver::EVAL_TRIES`] times: its seed comes from
+    /// the request, so the retry gives the same rollouts.
     pub(super) async fn evaluate(&mut self, tasks: &[Task], seed: u64, greedy: bool) -> Result<Vec<ScoredGroup>, RunError> {
         let mut out = vec![];
         let chunk = 32;
-        let mut pending: JoinSet<Result<RolloutResult, String>> = JoinSet::new();
-        for (i, c) in tasks.chunks(chunk).enumerate() {
-            let target = self.pick().await?;
-            let groups: Vec<(u64, Task)> = c.iter().enumerate().map(|(j, t)| ((i * chunk + j) as u64, t.clone())).collect();
-            let req = RolloutRequest { groups, purpose: if greedy { Purpose::EvalGreedy } else { Purpose::EvalSampled }, seed };
-            pending.spawn(async move { ractor::call!(target, RolloutMsg::Generate, req).map_err(|e| e.to_string())? });
+        let purpose = if greedy { Purpose::EvalGreedy } else { Purpose::EvalSampled };
+        let mut pending: JoinSet<(RolloutRequest, u32, Result<RolloutResult, String>)> = JoinSet::new();
+        let mut todo: Vec<(RolloutRequest, u32)> = tasks
+            .chunks(chunk)
+            .enumerate()
+            .map(|(i, c)| (RolloutRequest { groups: c.iter().enumerate().map(|(j, t)| ((i * chunk + j) as u64, t.clone())).collect(), purpose, seed }, 0))
+            .collect();
+        todo.reverse();
+        loop {
+            while let Some((req, tries)) = todo.pop() {
+                let target = self.pick().await?;
+                pending.spawn(async move {
+                    let r = ractor::call!(target, RolloutMsg::Generate, req.clone()).map_err(|e| e.to_string()).and_then(|r| r);
+                    (req, tries + 1, r)
+                });
+            }
+            let Some(done) = pending.join_next().await else { break };
+            let (req, tries, r) = done.map_err(|e| RunError::Actor { actor: "rollout", message: e.to_string() })?;
+            match r {
+                Ok(r) => out.extend(self.score(r).await?),
+                Err(e) if tries < Self::EVAL_TRIES => {
+                    eprintln!("[driver] an evaluation request failed ({e}); sending it to another rollout actor");
+                    todo.push((req, tries));
+                }
+                Err(e) => return Err(RunError::Actor { actor: "rollout", message: format!("evaluation failed {tries} times: {e}") }),
+            }
         }
-        while let Some(r) = pending.join_next().await {
-            let r = r.map_err(|e| RunError::Actor { actor: "rollout", message: e.to_string() })?.map_err(actor_err("rollout"))?;
-            out.extend(self.score(r).await?);
-        }
+        out.sort_by_key(|g| g.group.group_id);
         Ok(out)
     }
+
+    /// How many times an evaluation request is tried.
+    const EVAL_TRIES: u32 = 3;
 }

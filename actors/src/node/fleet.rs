@@ -69,6 +69,8 @@ pub struct FleetSpec {
     /// `up` only waits for each to join, with the cookie from its own
     /// environment (`RLMESH_COOKIE` / `RLMESH_COOKIE_FILE`).
     pub external: bool,
+    /// Kill processes of a role at random times (`--chaos`).
+    pub chaos: Option<super::chaos::Chaos>,
 }
 
 /// How the processes of a run start as steps of a Slurm job.
@@ -559,7 +561,7 @@ impl Fleet {
         };
         let losses = self.losses.lock().expect("losses lock").take().ok_or("the fleet is hosted once")?;
         let keeper = Keeper::new(core.clone(), launchers, KeepPolicy::new(self.spec.join_timeout), metrics, say);
-        *self.keeper.lock().expect("keeper lock") = Some(tokio::spawn(keeper.run(losses)));
+        *self.keeper.lock().expect("keeper lock") = Some(tokio::spawn(keeper.run(losses, self.spec.chaos.clone())));
         Ok(Hosted { publisher, rollouts: core.rollouts.clone(), learner, learner_ranks })
     }
 

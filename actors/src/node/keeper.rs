@@ -88,9 +88,13 @@ impl Keeper {
         Arc::new(Keeper { core, launchers, policy, metrics, say })
     }
 
-    /// Watches until aborted (the fleet's shutdown aborts it, and the restarts in progress with it).
-    pub(super) async fn run(self: Arc<Keeper>, mut losses: mpsc::UnboundedReceiver<(String, String)>) {
+    /// Watches until aborted (the fleet's shutdown aborts it, and the restarts
+    /// in progress and the chaos with it).
+    pub(super) async fn run(self: Arc<Keeper>, mut losses: mpsc::UnboundedReceiver<(String, String)>, chaos: Option<super::chaos::Chaos>) {
         let mut restarts: JoinSet<()> = JoinSet::new();
+        if let Some(c) = chaos {
+            restarts.spawn(c.run(self.core.clone(), self.say.clone()));
+        }
         let mut poll = tokio::time::interval(POLL);
         loop {
             let lost = tokio::select! {

@@ -8,11 +8,13 @@
 //!   that stand for remote actors behind the same messages as local ones;
 //! - [`keeper`] — the processes kept up: a lost rollout or reward process is
 //!   started again, within a restart budget;
+//! - [`chaos`] — `--chaos`: processes of a role killed at random times;
 //! - [`weights`] — the weight-sync group: learner rank 0 (or the controller)
 //!   broadcasting each version to the rollout processes.
 //!
 //! The run driver ([`crate::controller::run`]) sees actor references only:
 //! whether an actor is in its process or on another host is decided here.
+pub mod chaos;
 pub mod fleet;
 pub mod keeper;
 pub mod serve;

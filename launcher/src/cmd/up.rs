@@ -13,6 +13,7 @@ use rlmesh_actors::controller::recipe::Recipe;
 use rlmesh_actors::controller::run::{check_resumable, run, RunError, RunOptions};
 use rlmesh_actors::controller::run_dir::RunDirLock;
 use rlmesh_actors::controller::topology::{Device, Role, Topology};
+use rlmesh_actors::node::chaos::Chaos;
 use rlmesh_actors::node::fleet::FleetSpec;
 use std::path::{Path, PathBuf};
 
@@ -64,6 +65,11 @@ pub struct UpArgs {
     /// Fault injection (tests): rollout actor 0 panics on this request number.
     #[arg(long, hide = true)]
     panic_rollout_on_request: Option<u64>,
+    /// Kill a ROLE process (rollout, reward or learner) with SIGKILL COUNT
+    /// times, at random times about EVERY_S seconds apart (default 20), to
+    /// check that a run survives its faults: ROLE:COUNT[:EVERY_S].
+    #[arg(long, value_name = "ROLE:COUNT[:EVERY_S]")]
+    chaos: Option<String>,
 }
 
 impl UpArgs {
@@ -83,6 +89,9 @@ impl UpArgs {
         }
         if let Some(d) = &self.device {
             v.extend(["--device".to_string(), d.clone()]);
+        }
+        if let Some(c) = &self.chaos {
+            v.extend(["--chaos".to_string(), c.clone()]);
         }
         v
     }
@@ -105,6 +114,12 @@ pub fn up(a: UpArgs) -> CliResult {
         None => topology,
     };
     let mut placement = plan(&topology);
+    let chaos = a.chaos.as_deref().map(|s| Chaos::parse(s, recipe.seed)).transpose().map_err(|e| CliError::usage(anyhow::anyhow!(e)))?;
+    if let Some(c) = &chaos {
+        if placement.processes.len() < 2 || !placement.processes.iter().any(|p| p.actors.iter().all(|x| x.role != Role::Controller) && p.actors.iter().any(|x| x.role == c.role)) {
+            return Err(CliError::usage(anyhow::anyhow!("--chaos {}: {} places no {} actor in a process of its own (chaos kills processes other than the controller's)", a.chaos.as_deref().unwrap_or(""), a.deploy.display(), c.role)));
+        }
+    }
     let run_dir = a.run_dir.clone().unwrap_or_else(|| PathBuf::from("runs").join(&recipe.name));
     let metrics_addr = a.metrics_addr.clone().unwrap_or_else(|| format!("127.0.0.1:{}", topology.ports.metrics));
     if !a.dry_run {
@@ -148,6 +163,7 @@ pub fn up(a: UpArgs) -> CliResult {
         join_timeout: std::time::Duration::from_secs(if a.external { 900 } else { 120 }),
         slurm: steps,
         external: a.external,
+        chaos,
     });
     let opts = RunOptions {
         run_dir,
