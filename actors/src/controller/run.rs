@@ -839,6 +839,9 @@ async fn run_processes(opts: RunOptions, learner_loss: LearnerLoss) -> Result<Su
     };
     metrics.zero_tool_series(&cx.tools);
     let mut rl = RlLoop::open(cx, ledger, retry, &start, version, opts.record_batches)?;
+    if let Some(f) = &fleet {
+        f.rl_started();
+    }
     rl.run(&mut driver, &mut status).await?;
     let (step, version) = (rl.step, rl.version);
 

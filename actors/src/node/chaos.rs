@@ -1,6 +1,7 @@
 //! `launcher up … --chaos ROLE:COUNT[:EVERY_S]`: kill a process of a role with
-//! SIGKILL at random times, `COUNT` times in all, so a user or CI can check
-//! that a recipe survives its faults. The gaps between kills are drawn from
+//! SIGKILL at random times of the RL phase, `COUNT` times in all, so a user or
+//! CI can check that a recipe survives its faults. The first kill comes one gap
+//! after RL starts; the gaps between kills are drawn from
 //! `EVERY_S / 2 ..= 3 · EVERY_S / 2` seconds (default 20 s) by a generator
 //! seeded from the run's seed, and each kill is logged with the process, its
 //! pid and the time. The keeper then does what it does for any lost process.
@@ -46,7 +47,10 @@ impl Chaos {
     }
 
     /// Kills as asked; ends after the last kill (aborted with the fleet).
-    pub(super) async fn run(self, core: Arc<Core>, say: Say) {
+    pub(super) async fn run(self, core: Arc<Core>, say: Say, mut rl: tokio::sync::watch::Receiver<bool>) {
+        if rl.wait_for(|started| *started).await.is_err() {
+            return;
+        }
         let mut state = self.seed ^ 0x9E37_79B9_7F4A_7C15;
         let mut next = || {
             // xorshift64*

@@ -281,6 +281,8 @@ pub struct Fleet {
     router: tokio::task::JoinHandle<()>,
     keeper: Mutex<Option<tokio::task::JoinHandle<()>>>,
     losses: Mutex<Option<mpsc::UnboundedReceiver<(String, String)>>>,
+    /// Set when the RL phase starts (`--chaos` kills only then).
+    rl: tokio::sync::watch::Sender<bool>,
 }
 
 fn roles_of(p: &Planned) -> Vec<String> {
@@ -410,7 +412,12 @@ impl Fleet {
             learner_loss,
         });
         let router = tokio::spawn(route(control, inbox, core.clone(), metrics));
-        Ok(Fleet { core, me, plan, spec: spec.clone(), router, keeper: Mutex::new(None), losses: Mutex::new(Some(losses)) })
+        Ok(Fleet { core, me, plan, spec: spec.clone(), router, keeper: Mutex::new(None), losses: Mutex::new(Some(losses)), rl: tokio::sync::watch::channel(false).0 })
+    }
+
+    /// The RL phase starts now.
+    pub fn rl_started(&self) {
+        self.rl.send_replace(true);
     }
 
     /// Restarts of each process started again at least once.
@@ -561,7 +568,7 @@ impl Fleet {
         };
         let losses = self.losses.lock().expect("losses lock").take().ok_or("the fleet is hosted once")?;
         let keeper = Keeper::new(core.clone(), launchers, KeepPolicy::new(self.spec.join_timeout), metrics, say);
-        *self.keeper.lock().expect("keeper lock") = Some(tokio::spawn(keeper.run(losses, self.spec.chaos.clone())));
+        *self.keeper.lock().expect("keeper lock") = Some(tokio::spawn(keeper.run(losses, self.spec.chaos.clone(), self.rl.subscribe())));
         Ok(Hosted { publisher, rollouts: core.rollouts.clone(), learner, learner_ranks })
     }
 

@@ -90,10 +90,10 @@ impl Keeper {
 
     /// Watches until aborted (the fleet's shutdown aborts it, and the restarts
     /// in progress and the chaos with it).
-    pub(super) async fn run(self: Arc<Keeper>, mut losses: mpsc::UnboundedReceiver<(String, String)>, chaos: Option<super::chaos::Chaos>) {
+    pub(super) async fn run(self: Arc<Keeper>, mut losses: mpsc::UnboundedReceiver<(String, String)>, chaos: Option<super::chaos::Chaos>, rl: tokio::sync::watch::Receiver<bool>) {
         let mut restarts: JoinSet<()> = JoinSet::new();
         if let Some(c) = chaos {
-            restarts.spawn(c.run(self.core.clone(), self.say.clone()));
+            restarts.spawn(c.run(self.core.clone(), self.say.clone(), rl));
         }
         let mut poll = tokio::time::interval(POLL);
         loop {
