@@ -997,9 +997,15 @@ impl Publisher {
         let epoch = self.state.lock().expect("group lock").epoch;
         let id = core.id();
         let mut acks = vec![];
+        // A receipt also fails when the root is lost: the broadcast it waits for will not come.
+        let root = match &*self.root {
+            Root::Learner { process, .. } => Some(process.as_str()),
+            Root::Controller(_) => None,
+        };
         for &i in &members {
             let Route { process, key, .. } = &routes[i];
-            acks.push((process.clone(), core.expect(&[process], (id, *key))));
+            let waits_on: Vec<&str> = std::iter::once(process.as_str()).chain(root).collect();
+            acks.push((process.clone(), core.expect(&waits_on, (id, *key))));
             if let Err(e) = core.tx.send(process, &ControlMsg::Receive { id }) {
                 core.lose(process, &e.to_string(), false);
                 let _ = core.lost.send((process.clone(), e.to_string()));
