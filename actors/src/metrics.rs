@@ -216,10 +216,8 @@ metrics! {
         "Prompt groups the learner trained on.";
     groups_dropped_total: IntCounterVec["reason"] => "rlmesh_groups_dropped_total",
         "Prompt groups dropped without training (reason: stale, failed, …).";
-    frames_refused_total: IntCounterVec["plane", "reason"] => "rlmesh_frames_refused_total",
-        "Frames this process refused (plane: control or data; reason: malformed, version, kind, too_large, unauthenticated, payload); each is named in its log.";
-    control_sessions_refused_total: IntCounter => "rlmesh_control_sessions_refused_total",
-        "Control-plane connections that never authenticated (a wrong cookie, or not rlmesh).";
+    peer_rejected_total: IntCounterVec["plane", "reason"] => "rlmesh_peer_rejected_total",
+        "Input from peers this process refused, and went on serving (plane: control or data; reason: malformed, version, kind, too_large, unauthenticated, payload, handshake = a session that never authenticated, unexpected = a message of the wrong type, unknown_peer, duplicate = a second process claiming a taken name or rank, superseded = a replaced process speaking up); each is named in the log with the peer's address.";
     peers_lost_total: IntCounterVec["peer"] => "rlmesh_peers_lost_total",
         "Processes this one declared lost: silent past the heartbeat deadline, or (the controller) exited or unreachable.";
 }
@@ -327,7 +325,7 @@ impl Metrics {
     fn zero_known_series(&self) {
         for plane in ["control", "data"] {
             for reason in rlmesh_mesh::frame::REFUSAL_REASONS {
-                self.frames_refused_total.with_label_values(&[plane, reason]);
+                self.peer_rejected_total.with_label_values(&[plane, reason]);
             }
         }
         for reason in DROP_REASONS {

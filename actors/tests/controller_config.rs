@@ -350,6 +350,10 @@ fn network_and_env_tables_reach_each_process_by_role_and_cannot_override_the_pla
         assert_eq!(env(&p, proc, "NCCL_IB_HCA"), "mlx5_0");
         assert_eq!(env(&p, proc, "NCCL_DEBUG"), "WARN");
     }
+    // Listeners bind each process's host unless the topology asks for every interface.
+    assert!(!p.listen_all && p.processes.iter().all(|x| !x.env.contains_key("RLMESH_LISTEN_ALL")));
+    let all = plan(&Topology::parse("deploy/x.toml", &format!("{base}\n[network]\nlisten_all = true\n")).unwrap());
+    assert!(all.listen_all && all.processes.iter().all(|x| x.env.get("RLMESH_LISTEN_ALL").map(String::as_str) == Some("1")));
     // A role's table wins over `all`, for that role's processes only.
     assert_eq!(env(&p, "local/learner-1", "SHARED"), "learner");
     assert_eq!(env(&p, "local/rollout-1", "SHARED"), "all");

@@ -44,13 +44,29 @@ fn a_three_host_run_over_ssh_trains_every_group_once() {
     let topo = three_hosts(&hosts, tmp.path(), "three-hosts");
     let run = tmp.path().join("run");
     // `up` runs inside h0, so h0's address is this machine's and h1, h2 are reached over ssh.
-    let out = hosts
+    let child = hosts
         .exec_in(0)
         .arg(env!("CARGO_BIN_EXE_launcher"))
         .current_dir(repo())
         .args(["up", topo.to_str().unwrap(), "--recipe", recipe.to_str().unwrap(), "--run-dir", run.to_str().unwrap(), "--eval-limit", "8"])
-        .output()
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
         .unwrap();
+    // While it runs, every process listens on its own host's address only.
+    let t0 = std::time::Instant::now();
+    let live = loop {
+        let status: Option<Value> = std::fs::read_to_string(run.join("status.json")).ok().and_then(|s| serde_json::from_str(&s).ok());
+        if let Some(st) = status.filter(|st| st["processes"].as_array().is_some_and(|p| p.len() == 3)) {
+            break st;
+        }
+        assert!(t0.elapsed() < std::time::Duration::from_secs(120), "the processes never joined");
+        std::thread::sleep(std::time::Duration::from_millis(100));
+    };
+    for (i, p) in live["processes"].as_array().unwrap().iter().enumerate() {
+        assert_listens_only_on(p["pid"].as_u64().unwrap() as u32, &hosts.address(i).to_string());
+    }
+    let out = child.wait_with_output().unwrap();
     assert_eq!(code(&out), 0, "{}", stderr(&out));
 
     let status: Value = serde_json::from_str(&std::fs::read_to_string(run.join("status.json")).unwrap()).unwrap();

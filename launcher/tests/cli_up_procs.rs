@@ -14,7 +14,7 @@ use common::*;
 use rlmesh_mesh::control::{ControlConfig, ControlNode};
 use rlmesh_mesh::cookie::Cookie;
 use rlmesh_mesh::frame::FrameCodec;
-use rlmesh_actors::node::wire::ControlMsg;
+use rlmesh_actors::node::wire::{ControlMsg, DataMsg, Json};
 use serde_json::Value;
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
@@ -250,7 +250,9 @@ fn bad_input_to_a_live_run_is_refused_counted_and_named_and_the_run_finishes() {
     let cookie = Cookie::read_private(&run.join("cookie")).unwrap();
     let (control, data) = (base("control"), base("data"));
 
-    // The data plane: garbage, a wrong cookie, another rlmesh version.
+    // The data plane: garbage, a wrong cookie, another rlmesh version, a truncated frame, a
+    // frame declaring more than the cap, another message kind, and a valid message the
+    // controller does not take.
     let ctx = zmq::Context::new();
     let push = ctx.socket(zmq::PUSH).unwrap();
     push.connect(&format!("tcp://127.0.0.1:{data}")).unwrap();
@@ -258,13 +260,21 @@ fn bad_input_to_a_live_run_is_refused_counted_and_named_and_the_run_finishes() {
     let stranger = Cookie::generate().unwrap();
     push.send(FrameCodec::new(stranger.as_bytes(), 1 << 20).seal(0x0201, b"payload").unwrap(), 0).unwrap();
     push.send(FrameCodec::for_version(cookie.as_bytes(), 1 << 20, "0.0.9").seal(0x0201, b"payload").unwrap(), 0).unwrap();
+    let ours = FrameCodec::new(cookie.as_bytes(), 1 << 20);
+    let good = ours.encode(&DataMsg::Learner { id: 7, call: Json::of(&"x") }).unwrap();
+    push.send(&good[..good.len() - 3], 0).unwrap();
+    let mut huge = good.clone();
+    huge[24..32].copy_from_slice(&(1u64 << 40).to_le_bytes());
+    push.send(huge, 0).unwrap();
+    push.send(ours.encode(&ControlMsg::Stop).unwrap(), 0).unwrap();
+    push.send(good, 0).unwrap();
 
     // The control plane: a session with a wrong cookie; with the right one, garbage, an oversized frame, another version.
     let rt = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build().unwrap();
     rt.block_on(async {
         let cfg = ControlConfig::default();
         // A probed free port can be taken (another test's outgoing connection) before the node binds it: try a few.
-        async fn start_on_a_free_port(name: &str, cookie: &Cookie, cfg: &ControlConfig) -> ControlNode<ControlMsg> {
+        async fn start_on_a_free_port<M: rlmesh_mesh::frame::WireMessage>(name: &str, cookie: &Cookie, cfg: &ControlConfig) -> ControlNode<M> {
             let mut last = None;
             for _ in 0..5 {
                 match ControlNode::start(name, free_port_base(1), cookie, cfg.clone()).await {
@@ -274,34 +284,67 @@ fn bad_input_to_a_live_run_is_refused_counted_and_named_and_the_run_finishes() {
             }
             panic!("{name}: no free port in 5 tries: {last:?}")
         }
-        let wrong = start_on_a_free_port("intruder-wrong-cookie", &stranger, &cfg).await;
+        let wrong = start_on_a_free_port::<ControlMsg>("intruder-wrong-cookie", &stranger, &cfg).await;
         let _ = wrong.connect(&format!("127.0.0.1:{control}")).await;
-        let node = start_on_a_free_port("intruder", &cookie, &cfg).await;
+        let node = start_on_a_free_port::<ControlMsg>("intruder", &cookie, &cfg).await;
         node.connect(&format!("127.0.0.1:{control}")).await.unwrap();
         node.wait_for_peer("local/main", Duration::from_secs(10)).await.unwrap();
         node.send_raw("local/main", b"garbage on the control plane, long enough for a header......".to_vec()).unwrap();
         node.send_raw("local/main", FrameCodec::new(cookie.as_bytes(), 1 << 30).seal(0x0100, &vec![0u8; 5 << 20]).unwrap()).unwrap();
         node.send_raw("local/main", FrameCodec::for_version(cookie.as_bytes(), 1 << 20, "0.0.9").seal(0x0100, b"x").unwrap()).unwrap();
+        // Valid messages from a name not in the plan, and last (it closes the intruder's
+        // session) a claim of a live process's name.
+        node.send("local/main", &ControlMsg::Receive { id: 1 }).unwrap();
+        node.send("local/main", &ControlMsg::Stop).unwrap();
+        // A valid message of the wrong type: a data-plane message on the control plane.
+        let other = start_on_a_free_port::<DataMsg>("intruder-data", &cookie, &cfg).await;
+        other.connect(&format!("127.0.0.1:{control}")).await.unwrap();
+        other.wait_for_peer("local/main", Duration::from_secs(10)).await.unwrap();
+        other.send("local/main", &DataMsg::Learner { id: 1, call: Json::of(&"x") }).unwrap();
+        node.send_as_name("local/reward", "local/main", &ControlMsg::Ready(Ok(()))).unwrap();
         tokio::time::sleep(Duration::from_secs(3)).await;
     });
+    // Random bytes straight at the control port's TCP listener: a session that never authenticates.
+    {
+        use std::io::Write;
+        let mut raw = std::net::TcpStream::connect(format!("127.0.0.1:{control}")).unwrap();
+        let _ = raw.write_all(&(0..4096u32).map(|i| (i.wrapping_mul(2654435761) >> 13) as u8).collect::<Vec<u8>>());
+    }
+    std::thread::sleep(Duration::from_secs(2));
+
+    // Every process listens on its host's address only (here 127.0.0.1), never on every interface.
+    let status: Value = serde_json::from_str(&std::fs::read_to_string(run.join("status.json")).unwrap()).unwrap();
+    for p in status["processes"].as_array().unwrap() {
+        assert_listens_only_on(p["pid"].as_u64().unwrap() as u32, "127.0.0.1");
+    }
+    let main_pid = status["processes"][0]["pid"].as_u64().unwrap() as u32;
+    for port in [control, data] {
+        assert!(listening_addresses(main_pid).contains(&format!("127.0.0.1:{port}").parse().unwrap()), "{:?}", listening_addresses(main_pid));
+    }
 
     // Every other process serves /metrics on its planned port (the i-th process of the host: base + i).
     for i in [1, 2] {
         let node = scrape(&format!("127.0.0.1:{}", base("metrics") + i));
-        assert!(node.contains("rlmesh_control_sessions_refused_total 0"), "process {i}'s /metrics:\n{node}");
+        assert!(node.contains("rlmesh_peer_rejected_total{plane=\"control\",reason=\"handshake\"} 0"), "process {i}'s /metrics:\n{node}");
     }
     let text = scrape(&metrics);
-    for (plane, reason) in [("data", "malformed"), ("data", "unauthenticated"), ("data", "version"), ("control", "malformed"), ("control", "too_large"), ("control", "version")] {
-        let n = series(&text, &format!("rlmesh_frames_refused_total{{plane=\"{plane}\",reason=\"{reason}\"}}"));
-        assert!(n >= 1.0, "{plane}/{reason} not counted:\n{}", text.lines().filter(|l| l.contains("refused")).collect::<Vec<_>>().join("\n"));
+    let expected = [
+        ("data", "malformed"), ("data", "unauthenticated"), ("data", "version"), ("data", "too_large"), ("data", "kind"), ("data", "unexpected"),
+        ("control", "malformed"), ("control", "too_large"), ("control", "version"), ("control", "handshake"), ("control", "kind"), ("control", "unknown_peer"), ("control", "duplicate"),
+    ];
+    for (plane, reason) in expected {
+        let n = series(&text, &format!("rlmesh_peer_rejected_total{{plane=\"{plane}\",reason=\"{reason}\"}}"));
+        assert!(n >= 1.0, "{plane}/{reason} not counted:\n{}", text.lines().filter(|l| l.contains("rejected")).collect::<Vec<_>>().join("\n"));
     }
-    assert!(series(&text, "rlmesh_control_sessions_refused_total") >= 1.0, "the wrong-cookie session is counted");
     let status = child.wait().unwrap();
     let logged = std::fs::read_to_string(&log).unwrap();
     assert!(status.success(), "the run survives bad input: {logged}");
-    for reason in ["malformed", "unauthenticated", "version", "too_large"] {
-        assert!(logged.contains(reason), "the log names {reason}:\n{logged}");
+    for (_, reason) in expected {
+        assert!(logged.contains(&format!("({reason})")), "the log names {reason}:\n{logged}");
     }
+    // The duplicate claim and the handshake name the peer's address.
+    assert!(logged.lines().any(|l| l.contains("(duplicate)") && l.contains("127.0.0.1")), "{logged}");
+    assert!(logged.lines().any(|l| l.contains("(handshake)") && l.contains("127.0.0.1")), "{logged}");
     assert!(run.join("summary.json").is_file());
     assert_trained_once(&run);
     assert_no_nodes_left(&run);

@@ -30,16 +30,26 @@
 //!
 //! Sessions that open but never authenticate (a wrong cookie, or garbage on
 //! the port) are counted and logged with the peer's address.
+//!
+//! **One process per name.** Each start of a process is an *incarnation*
+//! with a ractor node name of its own (`NAME~PID.NONCE@HOST`), so
+//! `ractor_cluster` never elects between two sessions claiming one name (its
+//! election could drop the live process's session in favour of a stranger's).
+//! A peer's name is bound to the first incarnation heard under it; a second
+//! one claiming it is refused (`duplicate`), logged with its address, and its
+//! session closed, and messages to the name go to the bound incarnation only.
+//! [`ControlSender::forget`] (the process was started again) retires the
+//! bound incarnation: if it speaks up later it is refused as `superseded`.
 use crate::cookie::Cookie;
 use crate::data_plane::DataPlaneStats;
 use crate::frame::{FrameCodec, FrameError, WireMessage};
 use ractor::{Actor, ActorProcessingErr, ActorRef};
 use ractor_cluster::node::{NodeEventSubscription, NodeServerSessionInformation};
+use ractor_cluster::NodeSessionMessage;
 use ractor_cluster::{NodeServer, NodeServerMessage};
 use serde::{Deserialize, Serialize};
 use std::collections::{HashMap, HashSet};
 use std::marker::PhantomData;
-use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 use tokio::sync::mpsc;
@@ -64,11 +74,13 @@ pub struct ControlConfig {
     /// the same one as a connection to itself, so processes on different
     /// hosts that share a port number must each give their own host.
     pub host: String,
+    /// The address the node server listens on (`None`: every address).
+    pub listen: Option<std::net::IpAddr>,
 }
 
 impl Default for ControlConfig {
     fn default() -> Self {
-        ControlConfig { cap: 1 << 20, heartbeat: Duration::from_millis(500), deadline: Duration::from_secs(5), window: 256, queue: 256, host: "127.0.0.1".into() }
+        ControlConfig { cap: 1 << 20, heartbeat: Duration::from_millis(500), deadline: Duration::from_secs(5), window: 256, queue: 256, host: "127.0.0.1".into(), listen: None }
     }
 }
 
@@ -132,13 +144,21 @@ pub enum Incoming<M> {
     Peer(PeerEvent),
 }
 
-/// The envelope every control frame carries.
+/// The envelope every control frame carries: the sender's name and incarnation, then what it says.
 #[derive(Debug, Serialize, Deserialize)]
-enum Envelope {
+struct Envelope {
+    from: String,
+    /// The sender's ractor node name (this start of the process).
+    node: String,
+    body: Body,
+}
+
+#[derive(Debug, Serialize, Deserialize)]
+enum Body {
     /// Liveness, plus how many messages of the peer's this node has received (the ack).
-    Heartbeat { from: String, received: u64 },
+    Heartbeat { received: u64 },
     /// An application message: a frame of the node's message type.
-    Message { from: String, body: Vec<u8> },
+    Message(Vec<u8>),
 }
 
 impl WireMessage for Envelope {
@@ -148,6 +168,8 @@ impl WireMessage for Envelope {
 
 #[derive(Debug)]
 struct PeerState {
+    /// The incarnation bound to the name (empty until it is first heard from).
+    node: String,
     last_seen: Instant,
     lost: bool,
     sent: u64,
@@ -155,35 +177,98 @@ struct PeerState {
     received: u64,
 }
 
+impl PeerState {
+    fn new(node: &str) -> PeerState {
+        PeerState { node: node.to_string(), last_seen: Instant::now(), lost: false, sent: 0, acked: 0, received: 0 }
+    }
+}
+
+/// An authenticated session with another node.
+struct Session {
+    /// The peer's ractor node name.
+    name: String,
+    addr: String,
+    actor: ActorRef<NodeSessionMessage>,
+}
+
 struct Shared {
     name: String,
+    /// This incarnation's ractor node name, as peers see it.
+    node: String,
     codec: FrameCodec,
     cfg: ControlConfig,
     stats: DataPlaneStats,
-    sessions_refused: AtomicU64,
     peers: Mutex<HashMap<String, PeerState>>,
+    /// Incarnations retired by [`ControlSender::forget`].
+    retired: Mutex<HashSet<String>>,
+    /// Authenticated sessions by ractor node id.
+    sessions: Mutex<HashMap<u64, Session>>,
     events: mpsc::Sender<PeerEvent>,
 }
 
+/// Whether a message from a name and incarnation is taken.
+enum Admission {
+    Taken(Option<PeerEvent>),
+    Refused,
+}
+
 impl Shared {
-    fn peer_heard(&self, from: &str) -> Option<PeerEvent> {
-        let mut peers = self.peers.lock().expect("peers lock");
-        let now = Instant::now();
-        match peers.get_mut(from) {
-            Some(p) => {
-                p.last_seen = now;
-                if p.lost {
-                    p.lost = false;
-                    eprintln!("[control] {}: peer {from} is back", self.name);
-                    return Some(PeerEvent::Back(from.to_string()));
-                }
-                None
-            }
-            None => {
-                peers.insert(from.to_string(), PeerState { last_seen: now, lost: false, sent: 0, acked: 0, received: 0 });
-                Some(PeerEvent::Joined(from.to_string()))
-            }
+    /// Binds `from` to `node` on first contact; refuses another incarnation claiming a bound name, or a retired one.
+    fn admit(&self, from: &str, node: &str) -> Admission {
+        if self.retired.lock().expect("retired lock").contains(node) {
+            self.refuse_peer("superseded", from, node, "it was started again since, under another incarnation");
+            return Admission::Refused;
         }
+        let mut peers = self.peers.lock().expect("peers lock");
+        let p = match peers.get_mut(from) {
+            None => {
+                peers.insert(from.to_string(), PeerState::new(node));
+                return Admission::Taken(Some(PeerEvent::Joined(from.to_string())));
+            }
+            Some(p) => p,
+        };
+        if p.node.is_empty() {
+            p.node = node.to_string();
+        } else if p.node != node {
+            let holder = p.node.clone();
+            drop(peers);
+            self.refuse_peer("duplicate", from, node, &format!("{holder} holds that name"));
+            return Admission::Refused;
+        }
+        p.last_seen = Instant::now();
+        if p.lost {
+            p.lost = false;
+            eprintln!("[control] {}: peer {from} is back", self.name);
+            return Admission::Taken(Some(PeerEvent::Back(from.to_string())));
+        }
+        Admission::Taken(None)
+    }
+
+    /// Counts and logs a refused incarnation, and closes its session.
+    fn refuse_peer(&self, reason: &str, from: &str, node: &str, why: &str) {
+        let session = self.sessions.lock().expect("sessions lock").values().find(|s| s.name == node).map(|s| (s.addr.clone(), s.actor.clone()));
+        let addr = session.as_ref().map_or("an unknown address".to_string(), |(a, _)| a.clone());
+        self.stats.reject(reason, || format!("[control] {}: refused {node} at {addr} claiming the name {from}: {why}; its session is closed", self.name));
+        if let Some((_, actor)) = session {
+            actor.stop(Some(format!("rlmesh: {reason} claim of {from}")));
+        }
+    }
+
+    /// The peer's inbox: a remote member of its group, of the incarnation bound to the name when there is one.
+    fn remote_inbox(&self, name: &str) -> Option<ActorRef<Vec<u8>>> {
+        let bound = self.peers.lock().expect("peers lock").get(name).map(|p| p.node.clone()).filter(|n| !n.is_empty());
+        let sessions = self.sessions.lock().expect("sessions lock");
+        let retired = self.retired.lock().expect("retired lock");
+        let node_of = |c: &ractor::ActorCell| sessions.get(&c.get_id().node()).map(|s| s.name.as_str());
+        ractor::pg::get_members(&group(name))
+            .into_iter()
+            .filter(|c| !c.get_id().is_local())
+            .find(|c| match (&bound, node_of(c)) {
+                (Some(b), Some(n)) => n == b,
+                (Some(_), None) => false,
+                (None, n) => !n.is_some_and(|n| retired.contains(n)),
+            })
+            .map(ActorRef::from)
     }
 
     fn event(&self, e: Option<PeerEvent>) {
@@ -212,27 +297,32 @@ impl<M: WireMessage> Actor for ControlInbox<M> {
 
     async fn handle(&self, _me: ActorRef<Vec<u8>>, bytes: Vec<u8>, st: &mut InboxArgs<M>) -> Result<(), ActorProcessingErr> {
         let sh = &st.shared;
-        // ractor_cluster does not say which session a message came from; the sender's name is inside the frame.
-        let refuse = |e: FrameError| sh.stats.refuse(&e, || format!("[control] {}: refused a {}-byte message", sh.name, bytes.len()));
-        match sh.codec.decode::<Envelope>(&bytes) {
-            Err(e) => refuse(e),
-            Ok(Envelope::Heartbeat { from, received }) => {
-                let ev = sh.peer_heard(&from);
-                if let Some(p) = sh.peers.lock().expect("peers lock").get_mut(&from) {
+        // ractor_cluster does not say which session a message came from: before the envelope
+        // decodes, the log can only name the sessions open then.
+        let refuse = |e: FrameError, who: &str| sh.stats.refuse(&e, || format!("[control] {}: refused a {}-byte message from {who}", sh.name, bytes.len()));
+        let env = match sh.codec.decode::<Envelope>(&bytes) {
+            Err(e) => return Ok(refuse(e, &sh.open_sessions())),
+            Ok(env) => env,
+        };
+        let ev = match sh.admit(&env.from, &env.node) {
+            Admission::Refused => return Ok(()),
+            Admission::Taken(ev) => ev,
+        };
+        sh.event(ev);
+        match env.body {
+            Body::Heartbeat { received } => {
+                if let Some(p) = sh.peers.lock().expect("peers lock").get_mut(&env.from) {
                     p.acked = p.acked.max(received.min(p.sent));
                 }
-                sh.event(ev);
             }
-            Ok(Envelope::Message { from, body }) => match sh.codec.decode::<M>(&body) {
-                Err(e) => refuse(e),
+            Body::Message(body) => match sh.codec.decode::<M>(&body) {
+                Err(e) => refuse(e, &format!("{} ({})", env.from, env.node)),
                 Ok(m) => {
-                    let ev = sh.peer_heard(&from);
-                    sh.event(ev);
                     sh.stats.delivered_one();
                     // Never blocks, so heartbeats are read however slow the consumer is. The
                     // queue is still bounded: a message is acknowledged when it is consumed
                     // (`ControlNode::recv`), and each peer may have `window` unacknowledged.
-                    let _ = st.tx.send((from, m));
+                    let _ = st.tx.send((env.from, m));
                 }
             },
         }
@@ -244,36 +334,43 @@ fn group(name: &str) -> String {
     format!("{GROUP_PREFIX}{name}")
 }
 
-/// The peer's inbox, if it has joined (a remote member of its group).
-fn remote_inbox(name: &str) -> Option<ActorRef<Vec<u8>>> {
-    ractor::pg::get_members(&group(name)).into_iter().find(|c| !c.get_id().is_local()).map(ActorRef::from)
+impl Shared {
+    /// The addresses of the sessions open now, for a log line.
+    fn open_sessions(&self) -> String {
+        let addrs: Vec<String> = self.sessions.lock().expect("sessions lock").values().map(|s| s.addr.clone()).collect();
+        format!("one of the authenticated sessions [{}]", addrs.join(", "))
+    }
+
+    fn envelope(&self, body: Body) -> Result<Vec<u8>, FrameError> {
+        self.codec.encode(&Envelope { from: self.name.clone(), node: self.node.clone(), body })
+    }
 }
 
 fn heartbeat_to(sh: &Shared, peer: &str) {
     let received = sh.peers.lock().expect("peers lock").get(peer).map_or(0, |p| p.received);
-    if let (Some(inbox), Ok(frame)) = (remote_inbox(peer), sh.codec.encode(&Envelope::Heartbeat { from: sh.name.clone(), received })) {
+    if let (Some(inbox), Ok(frame)) = (sh.remote_inbox(peer), sh.envelope(Body::Heartbeat { received })) {
         let _ = inbox.cast(frame);
     }
 }
 
-/// Counts and logs sessions that open but never authenticate.
+/// Keeps the authenticated sessions (ractor node id → name, address); counts
+/// and logs sessions that close without ever authenticating.
 struct SessionWatch {
     shared: Arc<Shared>,
-    authenticated: Mutex<HashSet<String>>,
 }
 
 impl NodeEventSubscription for SessionWatch {
     fn node_session_opened(&self, _s: NodeServerSessionInformation) {}
     fn node_session_authenticated(&self, s: NodeServerSessionInformation) {
-        self.authenticated.lock().expect("sessions lock").insert(s.peer_addr);
+        let name = s.peer_name.map(|n| n.name).unwrap_or_default();
+        self.shared.sessions.lock().expect("sessions lock").insert(s.node_id, Session { name, addr: s.peer_addr, actor: s.actor });
     }
     fn node_session_disconnected(&self, s: NodeServerSessionInformation) {
-        if !self.authenticated.lock().expect("sessions lock").remove(&s.peer_addr) {
-            self.shared.sessions_refused.fetch_add(1, Ordering::Relaxed);
-            eprintln!(
-                "[control] {}: refused a session from {}: it never authenticated (wrong run cookie, another protocol, or garbage)",
-                self.shared.name, s.peer_addr
-            );
+        if self.shared.sessions.lock().expect("sessions lock").remove(&s.node_id).is_none() {
+            let sh = &self.shared;
+            sh.stats.reject("handshake", || {
+                format!("[control] {}: refused a session from {}: it never authenticated (wrong run cookie, another protocol, or garbage)", sh.name, s.peer_addr)
+            });
         }
     }
 }
@@ -298,23 +395,31 @@ impl<M: WireMessage> ControlNode<M> {
     pub async fn start_with_codec(name: &str, port: u16, cookie: &Cookie, codec: FrameCodec, cfg: ControlConfig) -> Result<ControlNode<M>, ControlError> {
         let fail = |message: String| ControlError::Start { node: name.to_string(), message };
         let (etx, events) = mpsc::channel(cfg.queue.max(1));
+        // Unique per start: the pid, and the clock for two nodes of one process (tests).
+        let nonce = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_nanos() as u64);
+        let incarnation = format!("{name}~{}.{nonce:x}", std::process::id());
         let shared = Arc::new(Shared {
             name: name.to_string(),
+            node: format!("{incarnation}@{}", cfg.host),
             codec,
             cfg: cfg.clone(),
             stats: DataPlaneStats::default(),
-            sessions_refused: AtomicU64::new(0),
             peers: Mutex::new(HashMap::new()),
+            retired: Mutex::new(HashSet::new()),
+            sessions: Mutex::new(HashMap::new()),
             events: etx,
         });
         // Twice the cap plus room for the envelope and ractor's own framing: a
         // larger frame drops the session inside ractor_cluster, before allocation.
-        let ns = NodeServer::new(port, cookie.to_hex(), name.to_string(), cfg.host.clone(), None, None).with_max_inbound_frame_size(cfg.cap.saturating_mul(2).saturating_add(4096));
+        let mut ns = NodeServer::new(port, cookie.to_hex(), incarnation, cfg.host.clone(), None, None).with_max_inbound_frame_size(cfg.cap.saturating_mul(2).saturating_add(4096));
+        if let Some(ip) = cfg.listen {
+            ns = ns.with_listen_addr(ip);
+        }
         let (server, _) = Actor::spawn(None, ns, ()).await.map_err(|e| fail(format!("node server on port {port}: {e}")))?;
         server
             .cast(NodeServerMessage::SubscribeToEvents {
                 id: "rlmesh-session-watch".into(),
-                subscription: Box::new(SessionWatch { shared: shared.clone(), authenticated: Mutex::new(HashSet::new()) }),
+                subscription: Box::new(SessionWatch { shared: shared.clone() }),
             })
             .map_err(|e| fail(e.to_string()))?;
         let (tx, rx) = mpsc::unbounded_channel();
@@ -327,7 +432,7 @@ impl<M: WireMessage> ControlNode<M> {
                 tick.tick().await;
                 for g in ractor::pg::which_groups() {
                     if let Some(peer) = g.strip_prefix(GROUP_PREFIX) {
-                        if peer != sh.name && remote_inbox(peer).is_some() {
+                        if peer != sh.name {
                             heartbeat_to(&sh, peer);
                         }
                     }
@@ -361,7 +466,7 @@ impl<M: WireMessage> ControlNode<M> {
     /// Waits until the peer named `peer` has joined, for at most `timeout`.
     pub async fn wait_for_peer(&self, peer: &str, timeout: Duration) -> Result<(), ControlError> {
         let t0 = Instant::now();
-        while remote_inbox(peer).is_none() {
+        while self.shared.remote_inbox(peer).is_none() {
             if t0.elapsed() > timeout {
                 return Err(ControlError::NoPeer(peer.to_string()));
             }
@@ -383,7 +488,13 @@ impl<M: WireMessage> ControlNode<M> {
 
     /// Sends raw bytes to a peer's inbox, bypassing framing (tests of the receiver's checks).
     pub fn send_raw(&self, peer: &str, bytes: Vec<u8>) -> Result<(), ControlError> {
-        remote_inbox(peer).ok_or_else(|| ControlError::NoPeer(peer.to_string()))?.cast(bytes).map_err(|_| ControlError::NoPeer(peer.to_string()))
+        self.shared.remote_inbox(peer).ok_or_else(|| ControlError::NoPeer(peer.to_string()))?.cast(bytes).map_err(|_| ControlError::NoPeer(peer.to_string()))
+    }
+
+    /// Sends `msg` under another name than this node's (tests of a duplicate claim).
+    pub fn send_as_name(&self, claimed: &str, peer: &str, msg: &M) -> Result<(), ControlError> {
+        let frame = self.shared.codec.encode(&Envelope { from: claimed.to_string(), node: self.shared.node.clone(), body: Body::Message(self.shared.codec.encode(msg)?) })?;
+        self.send_raw(peer, frame)
     }
 
     /// The next message and its sender.
@@ -425,14 +536,15 @@ impl<M: WireMessage> ControlNode<M> {
         }
     }
 
-    /// Refused messages by reason, and messages delivered.
+    /// Refused input by reason (frames, handshakes, claims; see
+    /// [`crate::frame::REFUSAL_REASONS`]), and messages delivered.
     pub fn stats(&self) -> &DataPlaneStats {
         &self.shared.stats
     }
 
-    /// Sessions that opened but never authenticated.
-    pub fn sessions_refused(&self) -> u64 {
-        self.shared.sessions_refused.load(Ordering::Relaxed)
+    /// This incarnation's ractor node name (`NAME~PID.NONCE@HOST`).
+    pub fn incarnation(&self) -> &str {
+        &self.shared.node
     }
 }
 
@@ -467,10 +579,27 @@ impl<M: WireMessage> ControlSender<M> {
         &self.shared.name
     }
 
-    /// Forgets `peer`'s state (its send window, its loss): a process started
-    /// again under the same name joins as new, and its message counts start at zero.
+    /// Forgets `peer`'s state (its send window, its loss) and retires its
+    /// incarnation: a process started again under the same name joins as new,
+    /// its message counts start at zero, and the old one is refused if it speaks up.
     pub fn forget(&self, peer: &str) {
-        self.shared.peers.lock().expect("peers lock").remove(peer);
+        if let Some(p) = self.shared.peers.lock().expect("peers lock").remove(peer) {
+            if !p.node.is_empty() {
+                self.shared.retired.lock().expect("retired lock").insert(p.node);
+            }
+        }
+    }
+
+    /// Starts `peer`'s message counts again, keeping the incarnation bound to its name.
+    pub fn reset(&self, peer: &str) {
+        if let Some(p) = self.shared.peers.lock().expect("peers lock").get_mut(peer) {
+            (p.sent, p.acked, p.received) = (0, 0, 0);
+        }
+    }
+
+    /// Refused input by reason, as [`ControlNode::stats`].
+    pub fn stats(&self) -> &DataPlaneStats {
+        &self.shared.stats
     }
 
     /// How long ago `peer` was last heard from (`None`: never).
@@ -480,12 +609,11 @@ impl<M: WireMessage> ControlSender<M> {
 }
 
 fn send_as<M: WireMessage>(shared: &Shared, peer: &str, msg: &M) -> Result<(), ControlError> {
-    let body = shared.codec.encode(msg)?;
-    let frame = shared.codec.encode(&Envelope::Message { from: shared.name.clone(), body })?;
-    let inbox = remote_inbox(peer).ok_or_else(|| ControlError::NoPeer(peer.to_string()))?;
+    let frame = shared.envelope(Body::Message(shared.codec.encode(msg)?))?;
+    let inbox = shared.remote_inbox(peer).ok_or_else(|| ControlError::NoPeer(peer.to_string()))?;
     {
         let mut peers = shared.peers.lock().expect("peers lock");
-        let p = peers.entry(peer.to_string()).or_insert(PeerState { last_seen: Instant::now(), lost: false, sent: 0, acked: 0, received: 0 });
+        let p = peers.entry(peer.to_string()).or_insert_with(|| PeerState::new(""));
         if p.lost {
             return Err(ControlError::Lost(peer.to_string()));
         }

@@ -117,9 +117,20 @@ impl DataPlaneStats {
         self.delivered.fetch_add(1, Ordering::Relaxed);
     }
 
-    /// Counts a refusal and logs it (`what` names the place and the peer), at most once per reason per 10 s.
+    /// Counts a refused frame and logs it (`what` names the place and the peer), at most once per reason per 10 s.
     pub(crate) fn refuse(&self, e: &FrameError, what: impl FnOnce() -> String) {
-        let Some(i) = REFUSAL_REASONS.iter().position(|r| *r == e.reason()) else { return };
+        self.count(e.reason(), || format!("{} ({}): {e}", what(), e.reason()));
+    }
+
+    /// Counts input refused for `reason` (one of [`REFUSAL_REASONS`]; others are
+    /// ignored) and logs `what` (the place, the peer and why), at most once per
+    /// reason per 10 s. The process goes on serving.
+    pub fn reject(&self, reason: &str, what: impl FnOnce() -> String) {
+        self.count(reason, || format!("{} ({reason})", what()));
+    }
+
+    fn count(&self, reason: &str, line: impl FnOnce() -> String) {
+        let Some(i) = REFUSAL_REASONS.iter().position(|r| *r == reason) else { return };
         self.refused[i].fetch_add(1, Ordering::Relaxed);
         let mut logged = self.logged.lock().expect("log lock");
         let (last, skipped) = &mut logged[i];
@@ -128,7 +139,7 @@ impl DataPlaneStats {
             return;
         }
         let more = if *skipped > 0 { format!(" ({} more like it since the last line)", *skipped) } else { String::new() };
-        eprintln!("{} ({}): {e}{more}", what(), e.reason());
+        eprintln!("{}{more}", line());
         *last = Some(Instant::now());
         *skipped = 0;
     }

@@ -119,7 +119,15 @@ impl FrameError {
 }
 
 /// Every refusal reason [`FrameError::reason`] can give.
-pub const REFUSAL_REASONS: [&str; 6] = ["malformed", "version", "kind", "too_large", "unauthenticated", "payload"];
+pub const FRAME_REFUSAL_REASONS: [&str; 6] = ["malformed", "version", "kind", "too_large", "unauthenticated", "payload"];
+
+/// Every reason a peer's input is refused: the frame reasons, then
+/// - `handshake`: a control session that never authenticated (a wrong cookie, or not rlmesh at all);
+/// - `unexpected`: a valid message of a type the receiver does not take (here, or in its state);
+/// - `unknown_peer`: a message from a name the run does not know;
+/// - `duplicate`: a second process claiming a name (a rank) that a live process holds;
+/// - `superseded`: a process the run has already replaced (started again) speaking up.
+pub const REFUSAL_REASONS: [&str; 11] = ["malformed", "version", "kind", "too_large", "unauthenticated", "payload", "handshake", "unexpected", "unknown_peer", "duplicate", "superseded"];
 
 fn bincode_config() -> impl bincode::config::Config {
     bincode::config::standard().with_fixed_int_encoding().with_limit::<DECODE_LIMIT>()

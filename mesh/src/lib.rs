@@ -27,3 +27,16 @@ pub mod control;
 pub mod cookie;
 pub mod data_plane;
 pub mod frame;
+
+/// The address a process on `host` binds its listeners to: `host` itself
+/// when it is an address, else its first IPv4 address (then any) by name
+/// lookup; `None` when it does not resolve. Sockets that cannot bind a name
+/// (ZeroMQ, ractor_cluster's listener) bind this.
+pub fn host_ip(host: &str) -> Option<std::net::IpAddr> {
+    use std::net::ToSocketAddrs;
+    if let Ok(ip) = host.parse() {
+        return Some(ip);
+    }
+    let addrs: Vec<std::net::SocketAddr> = (host, 0).to_socket_addrs().ok()?.collect();
+    addrs.iter().find(|a| a.is_ipv4()).or(addrs.first()).map(|a| a.ip())
+}

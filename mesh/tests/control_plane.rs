@@ -33,7 +33,7 @@ fn cfg() -> ControlConfig {
     ControlConfig { heartbeat: Duration::from_millis(100), deadline: Duration::from_millis(1500), window: 16, queue: 4, cap: 64 << 10, ..ControlConfig::default() }
 }
 
-/// peer NAME HUB_PORT MODE (echo | sink | raw | version)
+/// peer NAME HUB_PORT MODE (echo | impostor | sink | raw | version)
 async fn peer(args: Vec<String>) {
     let (name, hub_port, mode) = (&args[0], &args[1], args[2].as_str());
     let cookie = Cookie::from_env().unwrap();
@@ -50,10 +50,12 @@ async fn peer(args: Vec<String>) {
         return;
     }
     match mode {
-        "echo" => {
+        // An impostor answers like echo, plus a million, so the hub can tell who answered.
+        "echo" | "impostor" => {
+            let plus = if mode == "impostor" { 1_000_000 } else { 0 };
             while let Some((from, m)) = node.recv().await {
                 if let Ctl::Ping(n) = m {
-                    while let Err(ControlError::Full { .. }) = node.send(&from, &Ctl::Pong(n)) {
+                    while let Err(ControlError::Full { .. }) = node.send(&from, &Ctl::Pong(n + plus)) {
                         tokio::time::sleep(Duration::from_millis(5)).await;
                     }
                 }
@@ -127,11 +129,11 @@ async fn bad_peers_are_refused_and_counted_and_the_hub_keeps_serving() {
     let old = Killed(spawn_peer("old-build", port, "version", &cookie));
     let raw = Killed(spawn_peer("raw", port, "raw", &cookie));
     let t0 = Instant::now();
-    let done = |h: &ControlNode<Ctl>| h.sessions_refused() >= 1 && h.stats().refused("version") >= 1 && h.stats().refused("malformed") >= 2 && h.stats().refused("too_large") >= 1 && h.stats().refused("payload") >= 1;
+    let done = |h: &ControlNode<Ctl>| h.stats().refused("handshake") >= 1 && h.stats().refused("version") >= 1 && h.stats().refused("malformed") >= 2 && h.stats().refused("too_large") >= 1 && h.stats().refused("payload") >= 1;
     while !done(&hub) && t0.elapsed() < Duration::from_secs(15) {
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
-    assert!(done(&hub), "sessions refused {}, refusals {:?}", hub.sessions_refused(), hub.stats().refusals());
+    assert!(done(&hub), "refusals {:?}", hub.stats().refusals());
     drop((wrong, old, raw));
     // A good peer after all of them is served.
     let _p = Killed(spawn_peer("echo-2", port, "echo", &cookie));
@@ -167,6 +169,55 @@ async fn a_silent_peer_is_lost_while_its_connection_stays_open() {
     assert_eq!(m, Ctl::Pong(2));
 }
 
+/// Pings `peer` and returns its answer.
+async fn ping(hub: &mut ControlNode<Ctl>, peer: &str, n: u64) -> Ctl {
+    hub.send(peer, &Ctl::Ping(n)).unwrap();
+    let (from, m) = tokio::time::timeout(Duration::from_secs(10), hub.recv()).await.expect("an answer within 10 s").unwrap();
+    assert_eq!(from, peer);
+    m
+}
+
+async fn wait_for(what: &str, mut done: impl FnMut() -> bool) {
+    let t0 = Instant::now();
+    while !done() {
+        assert!(t0.elapsed() < Duration::from_secs(15), "{what}: not within 15 s");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+async fn a_second_process_claiming_a_name_is_refused_and_the_first_keeps_it() {
+    let cookie = Cookie::generate().unwrap();
+    let (mut hub, port) = hub(&cookie).await;
+    let first = Killed(spawn_peer("rank-1", port, "echo", &cookie));
+    hub.wait_for_peer("rank-1", Duration::from_secs(10)).await.unwrap();
+    assert_eq!(ping(&mut hub, "rank-1", 1).await, Ctl::Pong(1));
+    // A second process under the same name (a stale start, a double launch): its
+    // first heartbeat is refused, counted, and its session closed.
+    let _impostor = Killed(spawn_peer("rank-1", port, "impostor", &cookie));
+    wait_for("the duplicate claim refused", || hub.stats().refused("duplicate") >= 1).await;
+    for n in 2..22 {
+        assert_eq!(ping(&mut hub, "rank-1", n).await, Ctl::Pong(n), "the name stays with the first process");
+    }
+    // The run replaces the first process (it was lost): its incarnation is
+    // retired, and a new start under the name is served.
+    hub.sender().forget("rank-1");
+    wait_for("the retired incarnation refused", || hub.stats().refused("superseded") >= 1).await;
+    drop(first);
+    let _second = Killed(spawn_peer("rank-1", port, "echo", &cookie));
+    let t0 = Instant::now();
+    loop {
+        // Until the new start has joined, the retired incarnation is the only member and is not used.
+        match hub.send("rank-1", &Ctl::Ping(99)) {
+            Ok(()) => break,
+            Err(ControlError::NoPeer(_)) if t0.elapsed() < Duration::from_secs(15) => tokio::time::sleep(Duration::from_millis(20)).await,
+            Err(e) => panic!("{e}"),
+        }
+    }
+    let (from, m) = tokio::time::timeout(Duration::from_secs(10), hub.recv()).await.unwrap().unwrap();
+    assert_eq!((from.as_str(), m), ("rank-1", Ctl::Pong(99)));
+    assert_eq!(ping(&mut hub, "rank-1", 100).await, Ctl::Pong(100));
+}
+
 async fn a_peer_that_does_not_read_fills_its_window() {
     let cookie = Cookie::generate().unwrap();
     let (hub, port) = hub(&cookie).await;
@@ -198,6 +249,7 @@ fn main() {
         ("messages_cross_processes_both_ways", || block(messages_cross_processes_both_ways())),
         ("bad_peers_are_refused_and_counted_and_the_hub_keeps_serving", || block(bad_peers_are_refused_and_counted_and_the_hub_keeps_serving())),
         ("a_silent_peer_is_lost_while_its_connection_stays_open", || block(a_silent_peer_is_lost_while_its_connection_stays_open())),
+        ("a_second_process_claiming_a_name_is_refused_and_the_first_keeps_it", || block(a_second_process_claiming_a_name_is_refused_and_the_first_keeps_it())),
         ("a_peer_that_does_not_read_fills_its_window", || block(a_peer_that_does_not_read_fills_its_window())),
     ]);
 }

@@ -12,6 +12,8 @@
 //! - `RLMESH_CONTROL_PORT`, `RLMESH_DATA_PORT`, `RLMESH_METRICS_PORT` — its own ports;
 //! - `CUDA_VISIBLE_DEVICES` — its GPUs in ascending order (empty: none), so
 //!   an actor's in-process CUDA ordinal is its GPU's position in that list;
+//! - `RLMESH_LISTEN_ALL=1` — only with `[network] listen_all`: listen on every
+//!   interface (otherwise every listener binds `RLMESH_HOST`);
 //!
 //! and of a learner's process: `RLMESH_RANK`, `RLMESH_WORLD_SIZE`,
 //! `RLMESH_MASTER_ADDR`, `RLMESH_MASTER_PORT` (learner rank 0's host and
@@ -36,6 +38,9 @@ pub struct Plan {
     pub master: String,
     /// `host:port` of the controller's control port.
     pub controller: String,
+    /// Listeners bind every interface (`[network] listen_all`), not each process's host.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub listen_all: bool,
     /// Every process, in start order.
     pub processes: Vec<Process>,
 }
@@ -181,6 +186,9 @@ pub fn plan(topology: &Topology) -> Plan {
             }
         }
         let mut env = topology.extra_env(&roles).into_iter().chain(env).collect::<BTreeMap<_, _>>();
+        if topology.network.listen_all {
+            env.insert("RLMESH_LISTEN_ALL".to_string(), "1".to_string());
+        }
         p.command = if roles.contains(&Role::Controller) { vec!["launcher".into(), "up".into()] } else { vec!["launcher".into(), "node".into()] };
         p.roles = roles;
         if let Some(l) = p.actors.iter().find(|a| a.role == Role::Learner) {
@@ -193,7 +201,7 @@ pub fn plan(topology: &Topology) -> Plan {
         p.env = env;
     }
 
-    Plan { topology: topology.name.clone(), learner_backend, weight_transport, world_size, master, controller, processes }
+    Plan { topology: topology.name.clone(), learner_backend, weight_transport, world_size, master, controller, listen_all: topology.network.listen_all, processes }
 }
 
 impl Plan {

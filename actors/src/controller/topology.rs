@@ -109,6 +109,11 @@ pub struct Network {
     /// InfiniBand HCAs NCCL may use (`NCCL_IB_HCA`), e.g. `mlx5_0,mlx5_1`.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub ib_hca: Option<String>,
+    /// Listen on every interface rather than on each node's `host` address
+    /// (its control, data, ring and `/metrics` ports); e.g. behind NAT, where
+    /// `host` is an address that is not on the machine.
+    #[serde(skip_serializing_if = "std::ops::Not::not")]
+    pub listen_all: bool,
 }
 
 /// One machine.

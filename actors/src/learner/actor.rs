@@ -38,9 +38,10 @@ pub struct LearnerArgs {
     pub config: LearnerConfig,
     /// Intra-op threads.
     pub threads: i32,
-    /// A data-parallel rank: (rank, world, rank 0's ring address `host:port`);
-    /// `None` is a single learner. Each rank trains on its shard of every batch.
-    pub ring: Option<(usize, usize, String)>,
+    /// A data-parallel rank's ring (rank, world, rank 0's address, cookie,
+    /// bind address); `None` is a single learner. Each rank trains on its
+    /// shard of every batch.
+    pub ring: Option<RingConfig>,
 }
 
 /// The learner actor.
@@ -52,13 +53,11 @@ impl Actor for LearnerActor {
     type Arguments = LearnerArgs;
 
     async fn pre_start(&self, _myself: ActorRef<Self::Msg>, args: LearnerArgs) -> Result<Self::State, ActorProcessingErr> {
-        let name = format!("learner-{}", args.ring.as_ref().map_or(0, |r| r.0));
+        let name = format!("learner-{}", args.ring.as_ref().map_or(0, |r| r.rank));
         let device = DeviceThread::spawn(&name, move || -> Result<Learner, String> {
             tch::set_num_threads(args.threads);
             let comm: Option<Box<dyn Collective>> = match &args.ring {
-                Some((rank, world, addr)) if *world > 1 => {
-                    Some(Box::new(RingComm::connect(RingConfig::new(*rank, *world, addr.clone())).map_err(|e| format!("learner rank {rank}: ring at {addr}: {e}"))?))
-                }
+                Some(cfg) if cfg.world > 1 => Some(Box::new(RingComm::connect(cfg.clone()).map_err(|e| format!("learner rank {}: ring at {}: {e}", cfg.rank, cfg.addr))?)),
                 _ => None,
             };
             let model = Transformer::load(&args.model_dir, tch::Device::Cpu, Some(tch::Kind::Float)).map_err(|e| e.to_string())?;

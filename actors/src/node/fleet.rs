@@ -22,7 +22,7 @@
 //!   deadline, fails its calls and leaves the driver's choice; rollout and
 //!   reward processes are started again ([`super::keeper`]). The weight-sync
 //!   group is formed again, one epoch higher, whenever its members change.
-use super::serve::endpoint;
+use super::serve::{bind_endpoint, endpoint, listen_address};
 use super::wire::*;
 use super::weights::{GroupSpec, WeightGroup};
 use super::keeper::{KeepPolicy, Keeper};
@@ -145,6 +145,8 @@ pub(super) struct Core {
     pub(super) names: Vec<String>,
     /// The run's cookie (hex), for the weight-sync group.
     cookie: String,
+    /// The address the controller's listeners bind (`None`: every interface).
+    listen: Option<std::net::IpAddr>,
     /// Every started process, in plan order (the keeper starts one again in place).
     pub(super) members: Mutex<Vec<Member>>,
     /// The policy version each rollout process holds (checked by its digest).
@@ -316,13 +318,14 @@ impl Fleet {
             Cookie::generate().map_err(|e| e.to_string())?
         };
         cookie.write_private(&cookie_path).map_err(|e| e.to_string())?;
-        let ccfg = ControlConfig { cap: CONTROL_CAP, host: me.host.clone(), ..ControlConfig::default() };
+        let listen = listen_address(&me.host, plan.listen_all)?;
+        let ccfg = ControlConfig { cap: CONTROL_CAP, host: me.host.clone(), listen, ..ControlConfig::default() };
         let mut control = ControlNode::<ControlMsg>::start(&me.name, me.ports.control, &cookie, ccfg)
             .await
             .map_err(|e| format!("{e} (the topology's ports.control)"))?;
         let codec = FrameCodec::new(cookie.as_bytes(), DATA_CAP);
         let my_data = endpoint(&me.host, me.ports.data);
-        let inbox = Inbox::<DataMsg>::bind(&my_data, codec.clone(), &DataPlaneConfig::default()).map_err(|e| format!("{e} (the topology's ports.data)"))?;
+        let inbox = Inbox::<DataMsg>::bind(&bind_endpoint(&my_data, listen, me.ports.data), codec.clone(), &DataPlaneConfig::default()).map_err(|e| format!("{e} (the topology's ports.data)"))?;
         let logs = run_dir.join("logs");
         std::fs::create_dir_all(&logs).map_err(|e| format!("{}: {e}", logs.display()))?;
         let mut per_host: BTreeMap<&str, usize> = BTreeMap::new();
@@ -371,10 +374,15 @@ impl Fleet {
                 }
             }
             match tokio::time::timeout(Duration::from_millis(200), control.recv()).await {
-                Ok(Some((from, ControlMsg::Hello(h)))) => {
+                Ok(Some((from, ControlMsg::Hello(h)))) if started.iter().any(|(p, _, _)| p.name == from) => {
                     hellos.insert(from, h);
                 }
-                Ok(Some((from, other))) => eprintln!("[fleet] before setup, {from} sent {other:?}"),
+                Ok(Some((from, other))) => {
+                    let what = other.name();
+                    control.stats().reject(if matches!(other, ControlMsg::Hello(_)) { "unknown_peer" } else { "unexpected" }, || {
+                        format!("[fleet] refused {what} from {from} while the processes join: only the plan's processes say Hello, and nothing else comes first")
+                    });
+                }
                 Ok(None) => return Err("the control plane closed".into()),
                 Err(_) => {}
             }
@@ -389,7 +397,7 @@ impl Fleet {
         }
         let members: Vec<Member> = started
             .into_iter()
-            .map(|(planned, process, log)| Member { hello: hellos.remove(&planned.name).expect("joined"), spec: specs.remove(&planned.name), setup: None, restarts: 0, planned, process, log })
+            .map(|(planned, process, log)| Member { hello: hellos.remove(&planned.name).expect("the loop above ends when every planned process has said Hello"), spec: specs.remove(&planned.name), setup: None, restarts: 0, planned, process, log })
             .collect();
         let (lost, losses) = mpsc::unbounded_channel();
         let core = Arc::new(Core {
@@ -399,6 +407,7 @@ impl Fleet {
             next: AtomicU64::new(1),
             names: members.iter().map(|m| m.planned.name.clone()).collect(),
             cookie: cookie.to_hex(),
+            listen,
             members: Mutex::new(members),
             versions: Mutex::new(HashMap::new()),
             pending: Mutex::new(HashMap::new()),
@@ -510,7 +519,7 @@ impl Fleet {
             (learner_ranks, rollout_members, root, waits, group_addr, world)
         };
         // The controller is the group's root when the learner is in its process.
-        let own = (root.is_none() && !rollout_members.is_empty()).then(|| WeightGroup::join(&GroupSpec { rank: 0, world, addr: group_addr.clone(), epoch: 0 }, &core.cookie));
+        let own = (root.is_none() && !rollout_members.is_empty()).then(|| WeightGroup::join(&GroupSpec { rank: 0, world, addr: group_addr.clone(), epoch: 0 }, &core.cookie, core.listen));
         for (_, name, log, rx) in waits {
             ready(rx, &name, &log).await?;
         }
@@ -685,28 +694,24 @@ async fn route(mut control: ControlNode<ControlMsg>, mut inbox: Inbox<DataMsg>, 
     loop {
         tokio::select! {
             _ = tick.tick() => {
-                mirror.frames(&metrics, "control", control.stats());
-                mirror.frames(&metrics, "data", &data_stats);
-                mirror.sessions(&metrics, control.sessions_refused());
+                mirror.copy(&metrics, "control", control.stats());
+                mirror.copy(&metrics, "data", &data_stats);
             }
             m = control.next() => match m {
                 None => break,
-                Some(Incoming::Message(from, msg)) => match msg {
-                    ControlMsg::WeightsLoaded { id, .. } => match core.names.iter().position(|n| *n == from) {
-                        Some(i) => core.resolve((id, i as u32 + 1), Reply::Control(msg)),
-                        None => eprintln!("[fleet] WeightsLoaded from {from}, which is not in the plan"),
-                    },
-                    ControlMsg::Ready(_) => match core.index(&from) {
-                        Some(i) => core.resolve((SETUP_ID, i as u32), Reply::Control(msg)),
-                        None => eprintln!("[fleet] Ready from {from}, which is not in the plan"),
-                    },
-                    // A process started again says Hello to the keeper waiting for it.
-                    ControlMsg::Hello(_) => match core.index(&from) {
-                        Some(i) => core.resolve((HELLO_ID, i as u32), Reply::Control(msg)),
-                        None => eprintln!("[fleet] Hello from {from}, which is not in the plan"),
-                    },
-                    other => eprintln!("[fleet] unexpected control message from {from}: {other:?}"),
-                },
+                Some(Incoming::Message(from, msg)) => {
+                    let Some(i) = core.index(&from) else {
+                        control.stats().reject("unknown_peer", || format!("[fleet] refused {} from {from}, which is not in the plan", msg.name()));
+                        continue;
+                    };
+                    match msg {
+                        ControlMsg::WeightsLoaded { id, .. } => core.resolve((id, i as u32 + 1), Reply::Control(msg)),
+                        ControlMsg::Ready(_) => core.resolve((SETUP_ID, i as u32), Reply::Control(msg)),
+                        // A process started again says Hello to the keeper waiting for it.
+                        ControlMsg::Hello(_) => core.resolve((HELLO_ID, i as u32), Reply::Control(msg)),
+                        other => control.stats().reject("unexpected", || format!("[fleet] refused {} from {from}: the controller takes no such message", other.name())),
+                    }
+                }
                 Some(Incoming::Peer(PeerEvent::Lost(p))) => {
                     core.lose(&p, "silent past the heartbeat deadline", false);
                     let _ = core.lost.send((p, "silent past the heartbeat deadline".into()));
@@ -719,7 +724,7 @@ async fn route(mut control: ControlNode<ControlMsg>, mut inbox: Inbox<DataMsg>, 
                 match &msg {
                     DataMsg::Groups { id, .. } | DataMsg::Scored { id, .. } | DataMsg::Snapshot { id, .. } => core.resolve((*id, 0), Reply::Data(msg)),
                     DataMsg::LearnerDone { id, rank, .. } => core.resolve((*id, *rank), Reply::Data(msg)),
-                    _ => eprintln!("[fleet] unexpected data message on the controller's inbox"),
+                    other => data_stats.reject("unexpected", || format!("[fleet] refused {} on the controller's data port: the controller takes no such message", other.name())),
                 }
             }
         }
@@ -969,7 +974,7 @@ impl Publisher {
         }
         match &*self.root {
             Root::Controller(g) => {
-                let old = std::mem::replace(&mut *g.lock().expect("group lock"), Arc::new(WeightGroup::join(&spec(0), &core.cookie)));
+                let old = std::mem::replace(&mut *g.lock().expect("group lock"), Arc::new(WeightGroup::join(&spec(0), &core.cookie, core.listen)));
                 if abort {
                     old.abort();
                 }

@@ -246,7 +246,7 @@ impl Keeper {
             other => return Err(format!("expected its Hello, got {other:?}")),
         }
         // Whatever was counted for its earlier life (a send to its dead session) starts again here.
-        core.tx.forget(name);
+        core.tx.reset(name);
         core.revive(name);
         let rx = core.expect(&[name], (SETUP_ID, i as u32));
         core.tx.send(name, &ControlMsg::Setup(super::wire::Json::of(&setup))).map_err(|e| e.to_string())?;

@@ -58,24 +58,16 @@ impl Outboxes {
 #[derive(Default)]
 pub(crate) struct RefusalMirror {
     seen: HashMap<(&'static str, &'static str), u64>,
-    sessions: u64,
 }
 
 impl RefusalMirror {
-    pub(crate) fn frames(&mut self, m: &Metrics, plane: &'static str, stats: &DataPlaneStats) {
+    pub(crate) fn copy(&mut self, m: &Metrics, plane: &'static str, stats: &DataPlaneStats) {
         for (reason, n) in stats.refusals() {
             let prev = self.seen.entry((plane, reason)).or_default();
             if n > *prev {
-                m.frames_refused_total.with_label_values(&[plane, reason]).inc_by(n - *prev);
+                m.peer_rejected_total.with_label_values(&[plane, reason]).inc_by(n - *prev);
                 *prev = n;
             }
-        }
-    }
-
-    pub(crate) fn sessions(&mut self, m: &Metrics, n: u64) {
-        if n > self.sessions {
-            m.control_sessions_refused_total.inc_by(n - self.sessions);
-            self.sessions = n;
         }
     }
 }

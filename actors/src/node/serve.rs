@@ -19,6 +19,7 @@
 //! past the heartbeat deadline): a node never outlives its run.
 use super::wire::*;
 use super::weights::{GroupSpec, Pending, WeightGroup};
+use std::net::IpAddr;
 use super::{Outboxes, RefusalMirror};
 use crate::weight_sync::WeightUpdate;
 use tokio::sync::{mpsc, oneshot};
@@ -29,8 +30,9 @@ use crate::rollout::actor::{RolloutActor, RolloutArgs, RolloutMsg, RolloutReques
 use ractor::{Actor, ActorRef};
 use rlmesh_mesh::control::{ControlConfig, ControlNode, ControlSender, Incoming, PeerEvent};
 use rlmesh_mesh::cookie::Cookie;
-use rlmesh_mesh::data_plane::{DataPlaneConfig, Inbox};
+use rlmesh_mesh::data_plane::{DataPlaneConfig, DataPlaneStats, Inbox};
 use rlmesh_mesh::frame::FrameCodec;
+use rlmesh_comm::RingConfig;
 use std::sync::atomic::AtomicU64;
 use std::sync::Arc;
 use std::time::Duration;
@@ -52,6 +54,8 @@ pub struct NodeEnv {
     pub data_port: u16,
     /// This process's `/metrics` port.
     pub metrics_port: u16,
+    /// The address its listeners bind (`None`: every interface, `RLMESH_LISTEN_ALL=1`).
+    pub listen: Option<IpAddr>,
 }
 
 impl NodeEnv {
@@ -60,9 +64,11 @@ impl NodeEnv {
     pub fn from_env() -> Result<NodeEnv, String> {
         let var = |k: &str| std::env::var(k).map_err(|_| format!("{k} is not set (`launcher node` is started by `launcher up`, which sets it)"));
         let port = |k: &str| -> Result<u16, String> { var(k)?.parse().map_err(|_| format!("{k}: not a port")) };
+        let host = var("RLMESH_HOST")?;
         Ok(NodeEnv {
             process: var("RLMESH_PROCESS")?,
-            host: var("RLMESH_HOST")?,
+            listen: listen_address(&host, std::env::var("RLMESH_LISTEN_ALL").is_ok_and(|v| v == "1"))?,
+            host,
             controller: var("RLMESH_CONTROLLER")?,
             controller_addr: var("RLMESH_CONTROLLER_ADDR")?,
             control_port: port("RLMESH_CONTROL_PORT")?,
@@ -76,16 +82,28 @@ impl NodeEnv {
 pub fn endpoint(host: &str, port: u16) -> String {
     // ZeroMQ binds only to an address or an interface name, never a host name
     // (a Slurm node is named, `h0`): a name is resolved here, its IPv4 first.
-    if host.parse::<std::net::IpAddr>().is_err() {
-        use std::net::ToSocketAddrs;
-        if let Ok(addrs) = (host, port).to_socket_addrs() {
-            let addrs: Vec<std::net::SocketAddr> = addrs.collect();
-            if let Some(a) = addrs.iter().find(|a| a.is_ipv4()).or(addrs.first()) {
-                return format!("tcp://{a}");
-            }
-        }
+    match rlmesh_mesh::host_ip(host) {
+        Some(ip) => format!("tcp://{}", std::net::SocketAddr::new(ip, port)),
+        None => format!("tcp://{host}:{port}"),
     }
-    format!("tcp://{host}:{port}")
+}
+
+/// The address a process on `host` listens on: `host`'s own, or every interface (`None`) with `all`.
+pub fn listen_address(host: &str, all: bool) -> Result<Option<IpAddr>, String> {
+    if all {
+        return Ok(None);
+    }
+    rlmesh_mesh::host_ip(host)
+        .map(Some)
+        .ok_or_else(|| format!("the host {host:?} does not resolve to an address to listen on (set [network] listen_all = true in the topology to listen on every interface)"))
+}
+
+/// The endpoint a data inbox binds: `advertised` (`tcp://host:port`), or every interface on `port`.
+pub fn bind_endpoint(advertised: &str, listen: Option<IpAddr>, port: u16) -> String {
+    match listen {
+        Some(_) => advertised.to_string(),
+        None => format!("tcp://0.0.0.0:{port}"),
+    }
 }
 
 /// The actors this process hosts.
@@ -101,6 +119,8 @@ struct Hosted {
     loads: Option<mpsc::UnboundedSender<(u64, Pending<WeightUpdate>)>>,
     /// Rank 0's snapshots to broadcast, in order.
     publishes: Option<mpsc::UnboundedSender<Publication>>,
+    /// The address this process's ring listeners bind.
+    listen: Option<IpAddr>,
 }
 
 /// A version rank 0 broadcasts: its call, the snapshot to come, and the group to send it to.
@@ -132,9 +152,12 @@ pub async fn serve() -> Result<(), String> {
     let env = NodeEnv::from_env()?;
     let cookie = Cookie::from_env().map_err(|e| e.to_string())?;
     let metrics = Metrics::new();
-    let maddr = format!("{}:{}", env.host, env.metrics_port);
+    let maddr = match env.listen {
+        Some(ip) => std::net::SocketAddr::new(ip, env.metrics_port).to_string(),
+        None => format!("0.0.0.0:{}", env.metrics_port),
+    };
     let _server = serve_metrics(metrics.registry(), maddr.as_str()).map_err(|e| format!("/metrics on {maddr} (the topology's ports.metrics): {e}"))?;
-    let ccfg = ControlConfig { cap: CONTROL_CAP, host: env.host.clone(), ..ControlConfig::default() };
+    let ccfg = ControlConfig { cap: CONTROL_CAP, host: env.host.clone(), listen: env.listen, ..ControlConfig::default() };
     let mut control = ControlNode::<ControlMsg>::start(&env.process, env.control_port, &cookie, ccfg).await.map_err(|e| e.to_string())?;
     // The controller may come up after us (pods start in any order): retry
     // until RLMESH_JOIN_TIMEOUT_S (default 30 s) has passed.
@@ -153,7 +176,7 @@ pub async fn serve() -> Result<(), String> {
     control.wait_for_peer(&env.controller, Duration::from_secs(30)).await.map_err(|e| format!("{e} (controller at {})", env.controller_addr))?;
     let codec = FrameCodec::new(cookie.as_bytes(), DATA_CAP);
     let data = endpoint(&env.host, env.data_port);
-    let mut inbox = Inbox::<DataMsg>::bind(&data, codec.clone(), &DataPlaneConfig::default()).map_err(|e| e.to_string())?;
+    let mut inbox = Inbox::<DataMsg>::bind(&bind_endpoint(&data, env.listen, env.data_port), codec.clone(), &DataPlaneConfig::default()).map_err(|e| e.to_string())?;
     let outboxes = Outboxes { codec, open: Arc::default() };
     let cores = std::thread::available_parallelism().map(|n| n.get()).unwrap_or(1);
     let hello = Hello { pid: std::process::id(), host: crate::controller::status::host_name(), start_time: crate::controller::status::start_time(std::process::id()), data, cores };
@@ -161,7 +184,7 @@ pub async fn serve() -> Result<(), String> {
     tx.send(&env.controller, &ControlMsg::Hello(hello)).map_err(|e| e.to_string())?;
     eprintln!("[node] {}: joined the controller {} at {}", env.process, env.controller, env.controller_addr);
     metrics.peers_lost_total.with_label_values(&[&env.controller]);
-    let mut hosted = Hosted::default();
+    let mut hosted = Hosted { listen: env.listen, ..Hosted::default() };
     let (mut mirror, mut tick) = (RefusalMirror::default(), tokio::time::interval(Duration::from_secs(1)));
     let data_stats = inbox.stats();
     let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()).map_err(|e| e.to_string())?;
@@ -182,7 +205,7 @@ pub async fn serve() -> Result<(), String> {
                     Some(Incoming::Message(from, msg)) => (from, msg),
                 };
                 if from != env.controller {
-                    eprintln!("[node] {}: ignoring a control message from {from} (not the controller)", env.process);
+                    control.stats().reject("unknown_peer", || format!("[node] {}: refused {} from {from}: only the controller ({}) sends to a node", env.process, msg.name(), env.controller));
                     continue;
                 }
                 match msg {
@@ -210,17 +233,16 @@ pub async fn serve() -> Result<(), String> {
                         eprintln!("[node] {}: stop requested by the controller", env.process);
                         break;
                     }
-                    other => eprintln!("[node] {}: unexpected control message {other:?}", env.process),
+                    other => control.stats().reject("unexpected", || format!("[node] {}: refused {} from the controller: a node takes no such message", env.process, other.name())),
                 }
             }
             d = inbox.recv() => {
                 let Some(msg) = d else { break };
-                on_data(&hosted, msg, &outboxes, &tx, &env.controller, &cookie.to_hex());
+                on_data(&hosted, msg, &outboxes, &tx, &env.controller, &cookie.to_hex(), &data_stats);
             }
             _ = tick.tick() => {
-                mirror.frames(&metrics, "control", control.stats());
-                mirror.frames(&metrics, "data", &data_stats);
-                mirror.sessions(&metrics, control.sessions_refused());
+                mirror.copy(&metrics, "control", control.stats());
+                mirror.copy(&metrics, "data", &data_stats);
             }
             _ = term.recv() => {
                 eprintln!("[node] {}: SIGTERM; leaving", env.process);
@@ -261,7 +283,9 @@ async fn host(hosted: &mut Hosted, s: NodeSetup, cookie: &str, tx: &ControlSende
         hosted.reward = Some(Arc::new(Scorer::new(spec).map_err(|e| format!("reward actor: {e}"))?));
     }
     if let Some(l) = s.learner {
-        let args = LearnerArgs { model_dir: s.model_dir.clone(), config: l.config, threads: s.threads, ring: Some((l.rank as usize, l.world as usize, l.master.clone())) };
+        // The learners' ring: its own cookie derived from the run's, its listener on this host.
+        let ring = RingConfig::new(l.rank as usize, l.world as usize, l.master.clone()).cookie(format!("{cookie}:learners")).bind(hosted.listen);
+        let args = LearnerArgs { model_dir: s.model_dir.clone(), config: l.config, threads: s.threads, ring: Some(ring) };
         let (a, _) = Actor::spawn(None, LearnerActor, args).await.map_err(|e| format!("learner rank {}: {e}", l.rank))?;
         hosted.learner = Some((a, l.rank));
     }
@@ -320,7 +344,7 @@ impl Hosted {
 /// done or fails; with `abort`, at once) and joins it at `spec`'s epoch.
 fn regroup(hosted: &Hosted, spec: &GroupSpec, abort: bool, cookie: &str) {
     eprintln!("[node] weight-sync group: joining epoch {} as rank {} of {}{}", spec.epoch, spec.rank, spec.world, if abort { " (the old one aborted)" } else { "" });
-    let old = hosted.weights.lock().expect("weights lock").replace(Arc::new(WeightGroup::join(spec, cookie)));
+    let old = hosted.weights.lock().expect("weights lock").replace(Arc::new(WeightGroup::join(spec, cookie, hosted.listen)));
     if let (Some(old), true) = (old, abort) {
         old.abort();
     }
@@ -346,7 +370,7 @@ fn generate(hosted: &Hosted, id: u64, reward: String, request: Json, outboxes: &
     });
 }
 
-fn on_data(hosted: &Hosted, msg: DataMsg, outboxes: &Outboxes, tx: &ControlSender<ControlMsg>, controller: &str, cookie: &str) {
+fn on_data(hosted: &Hosted, msg: DataMsg, outboxes: &Outboxes, tx: &ControlSender<ControlMsg>, controller: &str, cookie: &str, stats: &DataPlaneStats) {
     match msg {
         DataMsg::Weights { id, update } => {
             let (port, rx) = ractor::concurrency::oneshot();
@@ -391,7 +415,7 @@ fn on_data(hosted: &Hosted, msg: DataMsg, outboxes: &Outboxes, tx: &ControlSende
         }
         DataMsg::Learner { id, call } => {
             let Some((learner, rank)) = hosted.learner.clone() else {
-                return eprintln!("[node] a learner call, but this process hosts no learner rank");
+                return stats.reject("unexpected", || "[node] refused a learner call: this process hosts no learner rank".to_string());
             };
             let (to, outboxes) = (hosted.controller_data.clone(), outboxes.clone());
             let call: Result<LearnerCall, String> = call.get("LearnerCall");
@@ -458,19 +482,9 @@ fn on_data(hosted: &Hosted, msg: DataMsg, outboxes: &Outboxes, tx: &ControlSende
                 }
             }
         }
-        other => eprintln!("[node] unexpected data message {}", short(&other)),
+        other => stats.reject("unexpected", || format!("[node] refused {} on the data port: a node takes no such message", other.name())),
     }
 }
 
 type Reply = std::pin::Pin<Box<dyn std::future::Future<Output = Result<Result<LearnerOut, String>, tokio::sync::oneshot::error::RecvError>> + Send>>;
 
-fn short(m: &DataMsg) -> &'static str {
-    match m {
-        DataMsg::Weights { .. } => "Weights",
-        DataMsg::Groups { .. } => "Groups",
-        DataMsg::Scored { .. } => "Scored",
-        DataMsg::Learner { .. } => "Learner",
-        DataMsg::LearnerDone { .. } => "LearnerDone",
-        DataMsg::Snapshot { .. } => "Snapshot",
-    }
-}

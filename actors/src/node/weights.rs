@@ -79,10 +79,11 @@ struct Abort {
 }
 
 impl WeightGroup {
-    /// Joins the group on a new thread (the rendezvous waits for every member there).
-    pub fn join(spec: &GroupSpec, cookie: &str) -> WeightGroup {
+    /// Joins the group on a new thread (the rendezvous waits for every member
+    /// there); this member's ring listener binds `bind` (its host's address).
+    pub fn join(spec: &GroupSpec, cookie: &str, bind: Option<std::net::IpAddr>) -> WeightGroup {
         let (tx, rx) = mpsc::channel::<Job>();
-        let cfg = RingConfig::new(spec.rank as usize, spec.world as usize, spec.addr.clone()).cookie(spec.cookie(cookie)).timeout(GROUP_TIMEOUT).connect_timeout(GROUP_TIMEOUT);
+        let cfg = RingConfig::new(spec.rank as usize, spec.world as usize, spec.addr.clone()).cookie(spec.cookie(cookie)).timeout(GROUP_TIMEOUT).connect_timeout(GROUP_TIMEOUT).bind(bind);
         let (rank, epoch) = (spec.rank, spec.epoch);
         let abort = Arc::new(Abort::default());
         let aborts = abort.clone();

@@ -132,6 +132,22 @@ impl WireMessage for ControlMsg {
     const NAME: &'static str = "ControlMsg";
 }
 
+impl ControlMsg {
+    /// The variant's name, for a log line (never the contents: they may be large or secret).
+    pub fn name(&self) -> &'static str {
+        match self {
+            ControlMsg::Hello(_) => "Hello",
+            ControlMsg::Setup(_) => "Setup",
+            ControlMsg::Ready(_) => "Ready",
+            ControlMsg::Generate { .. } => "Generate",
+            ControlMsg::Receive { .. } => "Receive",
+            ControlMsg::WeightsLoaded { .. } => "WeightsLoaded",
+            ControlMsg::Stop => "Stop",
+            ControlMsg::Regroup { .. } => "Regroup",
+        }
+    }
+}
+
 /// A call on a learner rank (every rank gets every call; batches are sharded by rank).
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 pub enum LearnerCall {
@@ -197,4 +213,18 @@ pub enum DataMsg {
 impl WireMessage for DataMsg {
     const KIND: u16 = 0x0201;
     const NAME: &'static str = "DataMsg";
+}
+
+impl DataMsg {
+    /// The variant's name, for a log line.
+    pub fn name(&self) -> &'static str {
+        match self {
+            DataMsg::Weights { .. } => "Weights",
+            DataMsg::Groups { .. } => "Groups",
+            DataMsg::Scored { .. } => "Scored",
+            DataMsg::Learner { .. } => "Learner",
+            DataMsg::LearnerDone { .. } => "LearnerDone",
+            DataMsg::Snapshot { .. } => "Snapshot",
+        }
+    }
 }

@@ -48,6 +48,9 @@ pub struct RingConfig {
     pub connect_timeout: Duration,
     /// Pipelining granularity in bytes.
     pub block_bytes: usize,
+    /// The address this rank's ring listener binds (its host's); `None`: the
+    /// rendezvous's loopback when it is on loopback, else every interface.
+    pub bind: Option<std::net::IpAddr>,
 }
 
 impl RingConfig {
@@ -61,6 +64,7 @@ impl RingConfig {
             timeout: DEFAULT_TIMEOUT,
             connect_timeout: DEFAULT_CONNECT_TIMEOUT,
             block_bytes: DEFAULT_BLOCK_BYTES,
+            bind: None,
         }
     }
 
@@ -85,6 +89,12 @@ impl RingConfig {
     /// Sets the pipelining block size in bytes.
     pub fn block_bytes(mut self, b: usize) -> Self {
         self.block_bytes = b.max(64);
+        self
+    }
+
+    /// Binds this rank's ring listener to `ip` (its host's address) rather than every interface.
+    pub fn bind(mut self, ip: Option<std::net::IpAddr>) -> Self {
+        self.bind = ip;
         self
     }
 }

@@ -208,9 +208,12 @@ pub(crate) fn rendezvous(cfg: &RingConfig) -> Result<RingLinks> {
         reason,
     };
 
-    // Our own ring listener: on loopback when the rendezvous is on loopback,
-    // else on every interface (the handshake keeps strangers out).
-    let bind_ip = if root.ip().is_loopback() {
+    // Our own ring listener: on this host's address when the caller knows it;
+    // else on loopback when the rendezvous is on loopback, else on every
+    // interface (the handshake keeps strangers out).
+    let bind_ip = if let Some(ip) = cfg.bind {
+        ip
+    } else if root.ip().is_loopback() {
         root.ip()
     } else if root.is_ipv4() {
         IpAddr::V4(Ipv4Addr::UNSPECIFIED)

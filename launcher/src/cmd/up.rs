@@ -121,7 +121,15 @@ pub fn up(a: UpArgs) -> CliResult {
         }
     }
     let run_dir = a.run_dir.clone().unwrap_or_else(|| PathBuf::from("runs").join(&recipe.name));
-    let metrics_addr = a.metrics_addr.clone().unwrap_or_else(|| format!("127.0.0.1:{}", topology.ports.metrics));
+    // The controller's /metrics: on its host's address like every other listener of the run (every interface with `[network] listen_all`).
+    let metrics_addr = match &a.metrics_addr {
+        Some(m) => m.clone(),
+        None => {
+            let me = placement.processes.iter().find(|p| p.actors.iter().any(|x| x.role == Role::Controller)).expect("a plan has a controller");
+            let ip = rlmesh_actors::node::serve::listen_address(&me.host, placement.listen_all).map_err(|e| CliError::usage(anyhow::anyhow!("{}: {e}", a.deploy.display())))?;
+            std::net::SocketAddr::new(ip.unwrap_or(std::net::Ipv4Addr::UNSPECIFIED.into()), me.ports.metrics).to_string()
+        }
+    };
     if !a.dry_run {
         check_startable(&a.deploy, &topology, &placement)?;
     }

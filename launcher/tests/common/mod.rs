@@ -129,3 +129,51 @@ pub fn assert_trained_once_replayed(run: &Path) {
     let missing: Vec<&u64> = dispatched.iter().filter(|g| !trained.contains_key(g)).collect();
     assert!(missing.is_empty(), "{}: dispatched, never trained: {missing:?}", run.display());
 }
+
+/// The TCP addresses process `pid` listens on, read from /proc (its own
+/// network namespace's tables, so a process on a test host shows that host's).
+pub fn listening_addresses(pid: u32) -> Vec<std::net::SocketAddr> {
+    use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr};
+    let inodes: std::collections::HashSet<String> = std::fs::read_dir(format!("/proc/{pid}/fd"))
+        .map(|d| d.flatten().filter_map(|e| std::fs::read_link(e.path()).ok()).filter_map(|l| l.to_str()?.strip_prefix("socket:[")?.strip_suffix(']').map(String::from)).collect())
+        .unwrap_or_default();
+    let mut out = vec![];
+    for (table, v6) in [("tcp", false), ("tcp6", true)] {
+        let text = std::fs::read_to_string(format!("/proc/{pid}/net/{table}")).unwrap_or_default();
+        for line in text.lines().skip(1) {
+            let f: Vec<&str> = line.split_whitespace().collect();
+            // local_address, state 0A (LISTEN), inode
+            if f.len() < 10 || f[3] != "0A" || !inodes.contains(f[9]) {
+                continue;
+            }
+            let (ip, port) = f[1].split_once(':').unwrap();
+            let port = u16::from_str_radix(port, 16).unwrap();
+            let ip: IpAddr = if v6 {
+                let b: Vec<u8> = (0..16).map(|i| u8::from_str_radix(&ip[2 * i..2 * i + 2], 16).unwrap()).collect();
+                // The kernel prints each 32-bit word in host (little-endian) order.
+                let mut o = [0u8; 16];
+                for w in 0..4 {
+                    for k in 0..4 {
+                        o[4 * w + k] = b[4 * w + 3 - k];
+                    }
+                }
+                let a = Ipv6Addr::from(o);
+                a.to_ipv4_mapped().map_or(IpAddr::V6(a), IpAddr::V4)
+            } else {
+                IpAddr::V4(Ipv4Addr::from(u32::from_str_radix(ip, 16).unwrap().swap_bytes()))
+            };
+            out.push(SocketAddr::new(ip, port));
+        }
+    }
+    out
+}
+
+/// Every listener of `pid` is on `host` (the topology's address), none on every interface.
+pub fn assert_listens_only_on(pid: u32, host: &str) {
+    let addrs = listening_addresses(pid);
+    assert!(!addrs.is_empty(), "process {pid} listens nowhere (or /proc is unreadable)");
+    let want: std::net::IpAddr = host.parse().unwrap();
+    for a in &addrs {
+        assert_eq!(a.ip(), want, "process {pid} listens on {a}, not only on its host {host}: {addrs:?}");
+    }
+}
