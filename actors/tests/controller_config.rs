@@ -354,6 +354,15 @@ fn network_and_env_tables_reach_each_process_by_role_and_cannot_override_the_pla
     assert!(!p.listen_all && p.processes.iter().all(|x| !x.env.contains_key("RLMESH_LISTEN_ALL")));
     let all = plan(&Topology::parse("deploy/x.toml", &format!("{base}\n[network]\nlisten_all = true\n")).unwrap());
     assert!(all.listen_all && all.processes.iter().all(|x| x.env.get("RLMESH_LISTEN_ALL").map(String::as_str) == Some("1")));
+    // `[faults]` reaches every process only where it changes the defaults, and is checked.
+    assert!(p.processes.iter().all(|x| !x.env.contains_key("RLMESH_DEADLINE_S")));
+    let f = plan(&Topology::parse("deploy/x.toml", &format!("{base}\n[faults]\ndeadline_s = 2.5\ncall_timeout_s = 60\n")).unwrap());
+    assert!(f.processes.iter().all(|x| x.env.get("RLMESH_DEADLINE_S").map(String::as_str) == Some("2.5") && !x.env.contains_key("RLMESH_HEARTBEAT_S")));
+    assert_eq!(f.faults.call_timeout_s, 60.0);
+    for (extra, field) in [("[faults]\ndeadline_s = 1.0\n", "faults.deadline_s"), ("[faults]\ncall_timeout_s = 0\n", "faults.call_timeout_s"), ("[faults]\nheartbeat = 1\n", "heartbeat")] {
+        let e = topology_error(&format!("{base}\n{extra}"));
+        assert!(e.contains(field), "{extra:?}: {e}");
+    }
     // A role's table wins over `all`, for that role's processes only.
     assert_eq!(env(&p, "local/learner-1", "SHARED"), "learner");
     assert_eq!(env(&p, "local/rollout-1", "SHARED"), "all");

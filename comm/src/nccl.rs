@@ -434,10 +434,15 @@ impl Collective for NcclComm {
 }
 
 impl Drop for NcclComm {
+    /// Never panics and never waits on a peer: `ncclCommDestroy` blocks until
+    /// the communicator's pending work is done, which a dead peer never lets
+    /// happen, so a communicator is always ended with `ncclCommAbort` (what a
+    /// timed-out collective does too); the device memory and context are then
+    /// released, each under `catch_unwind`.
     fn drop(&mut self) {
         let _ = catch_unwind(AssertUnwindSafe(|| unsafe {
             if !self.aborted {
-                let _ = nc::comm_destroy(self.comm);
+                let _ = nc::comm_abort(self.comm);
             }
             let _ = cu::ctx::set_current(self.ctx);
             let _ = cu::free_sync(self.barrier_buf);

@@ -20,6 +20,9 @@ use std::time::{Duration, Instant};
 /// the restarts (1 s back-off, a start, a setup) must end inside the RL phase.
 const STEPS: u32 = 400;
 
+/// Rollouts per RL step: 2 groups of 2.
+const ROWS_PER_STEP: u64 = 4;
+
 /// A tiny-model `sync` recipe with enough RL steps for a restart to happen inside it.
 fn recipe(dir: &Path, steps: u32) -> String {
     let text = format!(
@@ -52,11 +55,16 @@ mode = "sync"
 
 /// Controller and weight sync in `main`; two rollout processes, a reward process and a learner process.
 fn topology(dir: &Path) -> String {
+    topology_with_ranks(dir, 1)
+}
+
+/// As [`topology`], with `ranks` learner processes.
+fn topology_with_ranks(dir: &Path, ranks: u32) -> String {
     let text = format!(
         "name = \"faults\"\n[[nodes]]\nname = \"local\"\nhost = \"127.0.0.1\"\n{}\n\
          [controller]\nnode = \"local\"\nprocess = \"main\"\n[weight_sync]\nnode = \"local\"\nprocess = \"main\"\n\
          [rollout]\nplacement = [{{ node = \"local\", actors = 2 }}]\n[reward]\nplacement = [{{ node = \"local\", actors = 1, process = \"reward\" }}]\n\
-         [learner]\nranks = 1\nplacement = [{{ node = \"local\", actors = 1 }}]\n",
+         [learner]\nranks = {ranks}\nplacement = [{{ node = \"local\", actors = {ranks} }}]\n",
         free_ports_table(8)
     );
     let path = dir.join("faults-topology.toml");
@@ -145,6 +153,7 @@ fn killed_rollout_and_reward_processes_are_started_again_and_nothing_is_lost() {
     assert!(summary["groups"]["redispatched"].as_u64().unwrap() <= 4, "only in-flight groups are re-dispatched: {summary}");
     assert_eq!(summary["steps"], STEPS);
     assert_trained_once_replayed(&run);
+    assert_logged_once(&run, STEPS as u64, ROWS_PER_STEP);
     for p in after["processes"].as_array().unwrap().iter().skip(1) {
         let pid = p["pid"].as_u64().unwrap();
         assert!(!alive(pid), "{} (pid {pid}) outlived its run", p["name"]);
@@ -187,24 +196,33 @@ fn a_killed_controller_takes_its_nodes_with_it_and_the_run_resumes() {
     assert_eq!(summary["counters"]["groups_trained"], 24, "{summary}");
     let redispatched = jsonl(&run.join("ledger.jsonl")).iter().filter(|e| e["event"] == "redispatch").count();
     assert_eq!(summary["counters"]["groups_redispatched"], redispatched as u64, "{summary}");
-    let steps: Vec<u64> = jsonl(&run.join("metrics.jsonl")).iter().map(|r| r["step"].as_u64().unwrap()).collect();
-    assert_eq!(steps, (1..=12).collect::<Vec<_>>(), "every step logged once");
+    assert_logged_once(&run, 12, ROWS_PER_STEP);
 }
 
 #[test]
 fn a_killed_learner_rank_starts_the_run_again_from_its_checkpoint() {
+    killed_learner_rank(1, "local/learner-0");
+}
+
+/// With two data-parallel ranks, killing rank 1 stops rank 0 too, and both start again.
+#[test]
+fn a_killed_learner_rank_of_two_stops_both_and_the_run_starts_again_from_its_checkpoint() {
+    killed_learner_rank(2, "local/learner-1");
+}
+
+fn killed_learner_rank(ranks: u32, victim: &str) {
     let tmp = tempfile::tempdir().unwrap();
-    let (topo, recipe) = (topology(tmp.path()), recipe(tmp.path(), 12));
+    let (topo, recipe) = (topology_with_ranks(tmp.path(), ranks), recipe(tmp.path(), 12));
     let (run, log) = (tmp.path().join("run"), tmp.path().join("up.log"));
     let mut child = start(&topo, &recipe, &run, &log, &[]);
     wait_for_steps(&mut child, &run, 6, &log);
     let before = status(&run);
     let nodes: Vec<u64> = before["processes"].as_array().unwrap().iter().skip(1).map(|p| p["pid"].as_u64().unwrap()).collect();
-    kill9(process(&before, "local/learner-0")["pid"].as_u64().unwrap());
+    kill9(process(&before, victim)["pid"].as_u64().unwrap());
     let exit = child.wait().unwrap();
     let logged = std::fs::read_to_string(&log).unwrap();
     assert!(exit.success(), "the run starts again by itself and finishes:\n{logged}");
-    assert!(logged.contains("local/learner-0 holds a learner rank"), "{logged}");
+    assert!(logged.contains(&format!("a learner rank is lost ({victim} exited")), "{logged}");
     assert!(logged.contains("starting the run again from its newest checkpoint (restart 1 of 3)"), "{logged}");
     // From a checkpoint (every 4 steps; the run may have passed step 8 before the kill landed).
     let from: u64 = logged.split("resuming at RL step ").nth(1).and_then(|r| r.split_whitespace().next()?.parse().ok()).unwrap_or_else(|| panic!("no resume:\n{logged}"));
@@ -216,8 +234,7 @@ fn a_killed_learner_rank_starts_the_run_again_from_its_checkpoint() {
     let after = status(&run);
     assert_eq!(after["pid"], before["pid"], "the same `up` process (exec), so `launcher down` still finds it");
     assert_trained_once_replayed(&run);
-    let steps: Vec<u64> = jsonl(&run.join("metrics.jsonl")).iter().map(|r| r["step"].as_u64().unwrap()).collect();
-    assert_eq!(steps, (1..=12).collect::<Vec<_>>(), "every step logged once");
+    assert_logged_once(&run, 12, ROWS_PER_STEP);
     let progress = std::fs::read_to_string(run.join("progress.log")).unwrap();
     assert!(progress.contains("restart 1 of 3"), "the progress log says so too:\n{progress}");
     let summary: Value = serde_json::from_str(&std::fs::read_to_string(run.join("summary.json")).unwrap()).unwrap();
@@ -247,4 +264,33 @@ fn a_chaos_run_survives_its_kills_and_loses_nothing() {
     let restarts: u64 = summary["process_restarts"].as_object().unwrap().values().map(|v| v.as_u64().unwrap()).sum();
     assert_eq!(restarts, 2, "each kill was followed by a restart: {summary}");
     assert_trained_once_replayed(&run);
+    assert_logged_once(&run, 2 * STEPS as u64, ROWS_PER_STEP);
+}
+
+/// A rollout process that stops answering while its connection stays open (SIGSTOP,
+/// with a heartbeat deadline longer than the test) is caught by the call timeout:
+/// its request fails after `[faults] call_timeout_s`, it is taken down and started
+/// again, and the run finishes with every group trained once.
+#[test]
+fn a_stalled_rollout_process_is_taken_down_after_the_call_timeout() {
+    let tmp = tempfile::tempdir().unwrap();
+    let (topo, recipe) = (topology(tmp.path()), recipe(tmp.path(), STEPS));
+    let mut text = std::fs::read_to_string(&topo).unwrap();
+    text.push_str("[faults]\nheartbeat_s = 0.5\ndeadline_s = 120\ncall_timeout_s = 3\n");
+    std::fs::write(&topo, text).unwrap();
+    let (run, log) = (tmp.path().join("run"), tmp.path().join("up.log"));
+    let mut child = start(&topo, &recipe, &run, &log, &[]);
+    wait_for_steps(&mut child, &run, 3, &log);
+    let stalled = process(&status(&run), "local/rollout-0")["pid"].as_u64().unwrap();
+    assert!(Command::new("kill").args(["-STOP", &stalled.to_string()]).status().unwrap().success());
+    let exit = child.wait().unwrap();
+    let logged = std::fs::read_to_string(&log).unwrap();
+    assert!(exit.success(), "{logged}");
+    assert!(logged.contains("local/rollout-0 stalled: it answered no call within 3s"), "the stall is named:\n{logged}");
+    assert!(logged.contains("local/rollout-0 is back"), "{logged}");
+    let summary: Value = serde_json::from_str(&std::fs::read_to_string(run.join("summary.json")).unwrap()).unwrap();
+    assert_eq!(summary["process_restarts"]["local/rollout-0"], 1, "{summary}");
+    assert_trained_once_replayed(&run);
+    assert_logged_once(&run, STEPS as u64, ROWS_PER_STEP);
+    assert!(!alive(stalled), "the stalled process was stopped when it was replaced");
 }

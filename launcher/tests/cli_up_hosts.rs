@@ -30,6 +30,30 @@ fn three_hosts(hosts: &TestHosts, dir: &std::path::Path, name: &str) -> std::pat
     topo
 }
 
+/// `launcher up` inside h0 (whose address is this machine's; the other hosts are reached over ssh).
+fn up_in_h0(hosts: &TestHosts, topo: &std::path::Path, recipe: &std::path::Path, run: &std::path::Path, log: &std::path::Path, extra: &[&str]) -> std::process::Child {
+    hosts
+        .exec_in(0)
+        .arg(env!("CARGO_BIN_EXE_launcher"))
+        .current_dir(repo())
+        .args(["up", topo.to_str().unwrap(), "--recipe", recipe.to_str().unwrap(), "--run-dir", run.to_str().unwrap(), "--eval-limit", "4"])
+        .args(extra)
+        .stdout(std::process::Stdio::null())
+        .stderr(std::fs::File::create(log).unwrap())
+        .spawn()
+        .unwrap()
+}
+
+/// Waits until the run has logged `n` RL steps (it must not end first).
+fn wait_for_rl_steps(child: &mut std::process::Child, run: &std::path::Path, n: usize, log: &std::path::Path) {
+    let t0 = std::time::Instant::now();
+    while std::fs::read_to_string(run.join("metrics.jsonl")).map(|s| s.lines().count()).unwrap_or(0) < n {
+        assert!(child.try_wait().unwrap().is_none(), "the run ended early: {}", std::fs::read_to_string(log).unwrap_or_default());
+        assert!(t0.elapsed() < std::time::Duration::from_secs(180), "no RL step {n}: {}", std::fs::read_to_string(log).unwrap_or_default());
+        std::thread::sleep(std::time::Duration::from_millis(50));
+    }
+}
+
 #[test]
 fn a_three_host_run_over_ssh_trains_every_group_once() {
     let Some(hosts) = TestHosts::start_or_skip(3) else { return };
@@ -78,6 +102,7 @@ fn a_three_host_run_over_ssh_trains_every_group_once() {
     let (trained, dispatched) = ledger_counts(&run);
     let summary: Value = serde_json::from_str(&stdout(&out)).unwrap();
     assert_eq!(summary["steps"], 4);
+    assert_logged_once(&run, 4, 8);
     assert_eq!(trained.len() as u64, summary["groups"]["trained"].as_u64().unwrap());
     assert!(trained.values().all(|&n| n == 1), "a group trained twice: {trained:?}");
     assert!(dispatched >= trained.len());
@@ -140,6 +165,7 @@ fn a_lost_rollout_host_leaves_routing_and_the_run_goes_on() {
     let (trained, dispatched) = ledger_counts(&run);
     assert_eq!(trained.len(), dispatched, "every dispatched group is trained");
     assert!(trained.values().all(|&n| n == 1), "a group trained twice: {trained:?}");
+    assert_logged_once(&run, 200, 4);
     let h1 = std::fs::read_to_string(run.join("logs/h1_rollout-0.log")).unwrap();
     assert!(h1.contains("joining epoch 1 as rank 1 of 2"), "h1 formed the group again without h2:\n{h1}");
     // The cut-off process noticed its controller was gone and left.
@@ -181,26 +207,10 @@ fn a_lost_learner_host_stops_the_run_with_the_reason_and_resume_finishes_it() {
     )
     .unwrap();
     let run = tmp.path().join("run");
-    let up = |log: &std::path::Path, extra: &[&str]| {
-        hosts
-            .exec_in(0)
-            .arg(env!("CARGO_BIN_EXE_launcher"))
-            .current_dir(repo())
-            .args(["up", topo.to_str().unwrap(), "--recipe", recipe.to_str().unwrap(), "--run-dir", run.to_str().unwrap(), "--eval-limit", "4"])
-            .args(extra)
-            .stdout(std::process::Stdio::null())
-            .stderr(std::fs::File::create(log).unwrap())
-            .spawn()
-            .unwrap()
-    };
+    let up = |log: &std::path::Path, extra: &[&str]| up_in_h0(&hosts, &topo, &recipe, &run, log, extra);
     let log = tmp.path().join("up.log");
     let mut child = up(&log, &[]);
-    let t0 = std::time::Instant::now();
-    while std::fs::read_to_string(run.join("metrics.jsonl")).map(|s| s.lines().count()).unwrap_or(0) < 6 {
-        assert!(child.try_wait().unwrap().is_none(), "the run ended early: {}", std::fs::read_to_string(&log).unwrap_or_default());
-        assert!(t0.elapsed() < std::time::Duration::from_secs(180), "no RL step 6: {}", std::fs::read_to_string(&log).unwrap_or_default());
-        std::thread::sleep(std::time::Duration::from_millis(50));
-    }
+    wait_for_rl_steps(&mut child, &run, 6, &log);
     let status: Value = serde_json::from_str(&std::fs::read_to_string(run.join("status.json")).unwrap()).unwrap();
     let pids: Vec<(usize, u32)> = status["processes"].as_array().unwrap().iter().skip(1).map(|p| {
         let host = if p["name"].as_str().unwrap().starts_with("h1/") { 1 } else { 2 };
@@ -227,6 +237,48 @@ fn a_lost_learner_host_stops_the_run_with_the_reason_and_resume_finishes_it() {
     let exit = up(&log2, &["--resume"]).wait().unwrap();
     assert!(exit.success(), "{}", std::fs::read_to_string(&log2).unwrap());
     assert_trained_once_replayed(&run);
-    let steps: Vec<u64> = jsonl(&run.join("metrics.jsonl")).iter().map(|r| r["step"].as_u64().unwrap()).collect();
-    assert_eq!(steps, (1..=100).collect::<Vec<_>>(), "every step logged once");
+    assert_logged_once(&run, 100, 4);
+}
+
+/// The controller on h0 is killed (SIGKILL) mid-run: the rollout processes on
+/// h1 and h2 notice within the heartbeat deadline and leave, so no rlmesh
+/// process is left on any host (`ip netns pids`), and `launcher up --resume`
+/// finishes the run with every group trained once and every step logged once.
+#[test]
+fn a_killed_controller_leaves_no_process_on_any_host_and_resume_finishes() {
+    let Some(hosts) = TestHosts::start_or_skip(3) else { return };
+    let tmp = tempfile::tempdir().unwrap();
+    let recipe = tmp.path().join("killed-controller.toml");
+    std::fs::write(
+        &recipe,
+        "reward = \"process\"\n[model]\nhidden = 32\nlayers = 1\n[tasks]\nsize = 64\nheld_out = 100\n[sft]\nsteps = 2\nbatch_size = 4\ntasks = 256\n\
+         [rl]\nsteps = 60\ngroup_size = 2\ngroups_per_step = 2\nmax_turns = 2\nmax_new_tokens = 16\nmode = \"sync\"\ncheckpoint_every = 4\n",
+    )
+    .unwrap();
+    let topo = three_hosts(&hosts, tmp.path(), "killed-controller");
+    let run = tmp.path().join("run");
+    let up = |log: &std::path::Path, extra: &[&str]| up_in_h0(&hosts, &topo, &recipe, &run, log, extra);
+    let log = tmp.path().join("up.log");
+    let mut child = up(&log, &[]);
+    wait_for_rl_steps(&mut child, &run, 6, &log);
+    assert!(!launcher_processes(&hosts.pids(1)).is_empty() && !launcher_processes(&hosts.pids(2)).is_empty(), "a rollout process runs on h1 and h2");
+    // `ip netns exec` execs the launcher: the child is the controller itself.
+    assert!(std::process::Command::new("kill").args(["-KILL", &child.id().to_string()]).status().unwrap().success());
+    let _ = child.wait();
+    let killed = std::time::Instant::now();
+    while (0..3).any(|h| !launcher_processes(&hosts.pids(h)).is_empty()) {
+        let left: Vec<String> = (0..3).flat_map(|h| launcher_processes(&hosts.pids(h))).collect();
+        assert!(killed.elapsed() < std::time::Duration::from_secs(20), "processes outlived their controller by 20 s: {left:?}");
+        std::thread::sleep(std::time::Duration::from_millis(100));
+    }
+    let took = killed.elapsed();
+    assert!(took < std::time::Duration::from_secs(12), "the hosts were clear {took:?} after the controller died (deadline 5 s)");
+    // (A remote process may also end by SIGPIPE on its log, which went through the
+    // dead controller's ssh client, before its deadline says "the controller is lost".)
+    let log2 = tmp.path().join("resume.log");
+    let exit = up(&log2, &["--resume"]).wait().unwrap();
+    assert!(exit.success(), "{}", std::fs::read_to_string(&log2).unwrap());
+    assert_trained_once_replayed(&run);
+    assert_logged_once(&run, 60, 4);
+    assert!((0..3).all(|h| launcher_processes(&hosts.pids(h)).is_empty()), "nothing left after the resumed run");
 }

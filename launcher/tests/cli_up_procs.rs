@@ -18,7 +18,7 @@ use rlmesh_actors::node::wire::{ControlMsg, DataMsg, Json};
 use serde_json::Value;
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
-use std::process::{Command, Stdio};
+use std::process::Command;
 use std::time::{Duration, Instant};
 
 /// A `sync` recipe whose rewards vary within groups after a short warm-up (so losses are not all zero).
@@ -75,26 +75,8 @@ fn lines(path: &Path) -> Vec<Value> {
     jsonl(path)
 }
 
-/// The ledger shows every dispatched group trained exactly once.
-fn assert_trained_once(run: &Path) {
-    let (trained, dispatched) = ledger_counts(run);
-    assert!(dispatched > 0, "{}: nothing dispatched", run.display());
-    assert_eq!(trained.len(), dispatched, "{}: every dispatched group is trained", run.display());
-    assert!(trained.values().all(|&n| n == 1), "{}: a group trained twice: {trained:?}", run.display());
-}
-
 fn column(run: &Path, key: &str) -> Vec<f64> {
     lines(&run.join("metrics.jsonl")).iter().map(|m| m[key].as_f64().unwrap()).collect()
-}
-
-/// No `launcher node` of this run is left.
-fn assert_no_nodes_left(run: &Path) {
-    let status: Value = serde_json::from_str(&std::fs::read_to_string(run.join("status.json")).unwrap()).unwrap();
-    for p in status["processes"].as_array().unwrap().iter().skip(1) {
-        let pid = p["pid"].as_u64().unwrap();
-        let alive = std::fs::read_to_string(format!("/proc/{pid}/cmdline")).is_ok_and(|c| c.contains("node"));
-        assert!(!alive, "{} (pid {pid}) outlived its run", p["name"]);
-    }
 }
 
 #[test]
@@ -203,52 +185,12 @@ fn two_learner_ranks_in_their_own_processes_train_like_one() {
     assert_no_nodes_left(&b);
 }
 
-fn scrape(addr: &str) -> String {
-    use std::io::{Read, Write};
-    let mut s = std::net::TcpStream::connect(addr).unwrap();
-    write!(s, "GET /metrics HTTP/1.0\r\nHost: x\r\n\r\n").unwrap();
-    let mut body = String::new();
-    s.read_to_string(&mut body).unwrap();
-    body
-}
-
-fn series(text: &str, prefix: &str) -> f64 {
-    text.lines().filter(|l| l.starts_with(prefix)).filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok()).sum()
-}
-
 #[test]
 fn bad_input_to_a_live_run_is_refused_counted_and_named_and_the_run_finishes() {
     let tmp = tempfile::tempdir().unwrap();
-    let recipe = recipe(tmp.path());
-    let ports = free_ports_table(8);
-    let base = |key: &str| -> u16 { ports.lines().find(|l| l.starts_with(key)).unwrap().rsplit(' ').next().unwrap().parse().unwrap() };
-    let text = format!(
-        "name = \"intruded\"\n[[nodes]]\nname = \"local\"\nhost = \"127.0.0.1\"\n{ports}\n\
-         [controller]\nnode = \"local\"\nprocess = \"main\"\n[weight_sync]\nnode = \"local\"\nprocess = \"main\"\n\
-         [rollout]\nplacement = [{{ node = \"local\", actors = 1 }}]\n[reward]\nplacement = [{{ node = \"local\", actors = 1, process = \"reward\" }}]\n\
-         [learner]\nranks = 1\nplacement = [{{ node = \"local\", actors = 1, process = \"main\" }}]\n"
-    );
-    let topo = tmp.path().join("intruded.toml");
-    std::fs::write(&topo, text).unwrap();
-    let run = tmp.path().join("run");
-    let metrics = format!("127.0.0.1:{}", free_port_base(1));
-    let log = tmp.path().join("controller.log");
-    let mut child = Command::new(env!("CARGO_BIN_EXE_launcher"))
-        .current_dir(repo())
-        .args(["up", topo.to_str().unwrap(), "--recipe", &recipe, "--run-dir", run.to_str().unwrap(), "--metrics-addr", &metrics, "--eval-limit", "8"])
-        .stdout(Stdio::null())
-        .stderr(std::fs::File::create(&log).unwrap())
-        .spawn()
-        .unwrap();
-    // The run is up once its status names its processes.
-    let t0 = Instant::now();
-    while !std::fs::read_to_string(run.join("status.json")).is_ok_and(|s| s.contains("local/reward")) {
-        assert!(t0.elapsed() < Duration::from_secs(120), "the run never started: {}", std::fs::read_to_string(&log).unwrap_or_default());
-        assert!(child.try_wait().unwrap().is_none(), "the run ended early: {}", std::fs::read_to_string(&log).unwrap_or_default());
-        std::thread::sleep(Duration::from_millis(100));
-    }
-    let cookie = Cookie::read_private(&run.join("cookie")).unwrap();
-    let (control, data) = (base("control"), base("data"));
+    let mut t = Target::start(tmp.path(), "intruded", 40);
+    let (run, log, metrics, cookie) = (t.run.clone(), t.log.clone(), t.metrics.clone(), t.cookie.clone());
+    let (control, data) = (t.base("control"), t.base("data"));
 
     // The data plane: garbage, a wrong cookie, another rlmesh version, a truncated frame, a
     // frame declaring more than the cap, another message kind, and a valid message the
@@ -274,7 +216,7 @@ fn bad_input_to_a_live_run_is_refused_counted_and_named_and_the_run_finishes() {
     rt.block_on(async {
         let cfg = ControlConfig::default();
         // A probed free port can be taken (another test's outgoing connection) before the node binds it: try a few.
-        async fn start_on_a_free_port<M: rlmesh_mesh::frame::WireMessage>(name: &str, cookie: &Cookie, cfg: &ControlConfig) -> ControlNode<M> {
+        async fn start_on_a_free_port(name: &str, cookie: &Cookie, cfg: &ControlConfig) -> ControlNode<ControlMsg> {
             let mut last = None;
             for _ in 0..5 {
                 match ControlNode::start(name, free_port_base(1), cookie, cfg.clone()).await {
@@ -284,25 +226,37 @@ fn bad_input_to_a_live_run_is_refused_counted_and_named_and_the_run_finishes() {
             }
             panic!("{name}: no free port in 5 tries: {last:?}")
         }
-        let wrong = start_on_a_free_port::<ControlMsg>("intruder-wrong-cookie", &stranger, &cfg).await;
+        let wrong = start_on_a_free_port("intruder-wrong-cookie", &stranger, &cfg).await;
         let _ = wrong.connect(&format!("127.0.0.1:{control}")).await;
-        let node = start_on_a_free_port::<ControlMsg>("intruder", &cookie, &cfg).await;
+        let node = start_on_a_free_port("intruder", &cookie, &cfg).await;
         node.connect(&format!("127.0.0.1:{control}")).await.unwrap();
         node.wait_for_peer("local/main", Duration::from_secs(10)).await.unwrap();
+        // Each kind of bad input waits until the controller has counted the one before, so
+        // the last (a duplicate claim, which closes the intruder's session) cannot overtake them.
+        let counted = |reason: &str| series(&scrape(&metrics), &format!("rlmesh_peer_rejected_total{{plane=\"control\",reason=\"{reason}\"}}")) >= 1.0;
+        async fn until(what: &str, done: impl Fn() -> bool) {
+            let t0 = Instant::now();
+            while !done() {
+                assert!(t0.elapsed() < Duration::from_secs(30), "the controller never counted {what}");
+                tokio::time::sleep(Duration::from_millis(100)).await;
+            }
+        }
         node.send_raw("local/main", b"garbage on the control plane, long enough for a header......".to_vec()).unwrap();
+        until("garbage", || counted("malformed")).await;
         node.send_raw("local/main", FrameCodec::new(cookie.as_bytes(), 1 << 30).seal(0x0100, &vec![0u8; 5 << 20]).unwrap()).unwrap();
+        until("a 5 MiB frame", || counted("too_large")).await;
         node.send_raw("local/main", FrameCodec::for_version(cookie.as_bytes(), 1 << 20, "0.0.9").seal(0x0100, b"x").unwrap()).unwrap();
-        // Valid messages from a name not in the plan, and last (it closes the intruder's
-        // session) a claim of a live process's name.
+        until("another version", || counted("version")).await;
+        // Valid messages from a name not in the plan.
         node.send("local/main", &ControlMsg::Receive { id: 1 }).unwrap();
         node.send("local/main", &ControlMsg::Stop).unwrap();
+        until("an unknown name", || counted("unknown_peer")).await;
         // A valid message of the wrong type: a data-plane message on the control plane.
-        let other = start_on_a_free_port::<DataMsg>("intruder-data", &cookie, &cfg).await;
-        other.connect(&format!("127.0.0.1:{control}")).await.unwrap();
-        other.wait_for_peer("local/main", Duration::from_secs(10)).await.unwrap();
-        other.send("local/main", &DataMsg::Learner { id: 1, call: Json::of(&"x") }).unwrap();
+        node.send_raw("local/main", node.frame("local/main", &DataMsg::Learner { id: 1, call: Json::of(&"x") }).unwrap()).unwrap();
+        until("a data message on the control plane", || counted("kind")).await;
+        // A claim of a live process's name.
         node.send_as_name("local/reward", "local/main", &ControlMsg::Ready(Ok(()))).unwrap();
-        tokio::time::sleep(Duration::from_secs(3)).await;
+        until("a duplicate claim", || counted("duplicate")).await;
     });
     // Random bytes straight at the control port's TCP listener: a session that never authenticates.
     {
@@ -324,7 +278,7 @@ fn bad_input_to_a_live_run_is_refused_counted_and_named_and_the_run_finishes() {
 
     // Every other process serves /metrics on its planned port (the i-th process of the host: base + i).
     for i in [1, 2] {
-        let node = scrape(&format!("127.0.0.1:{}", base("metrics") + i));
+        let node = scrape(&format!("127.0.0.1:{}", t.base("metrics") + i));
         assert!(node.contains("rlmesh_peer_rejected_total{plane=\"control\",reason=\"handshake\"} 0"), "process {i}'s /metrics:\n{node}");
     }
     let text = scrape(&metrics);
@@ -334,9 +288,9 @@ fn bad_input_to_a_live_run_is_refused_counted_and_named_and_the_run_finishes() {
     ];
     for (plane, reason) in expected {
         let n = series(&text, &format!("rlmesh_peer_rejected_total{{plane=\"{plane}\",reason=\"{reason}\"}}"));
-        assert!(n >= 1.0, "{plane}/{reason} not counted:\n{}", text.lines().filter(|l| l.contains("rejected")).collect::<Vec<_>>().join("\n"));
+        assert!(n >= 1.0, "{plane}/{reason} not counted:\n{}\n{}", text.lines().filter(|l| l.contains("rejected")).collect::<Vec<_>>().join("\n"), std::fs::read_to_string(&log).unwrap_or_default().lines().filter(|l| l.contains("[control]") || l.contains("[fleet]")).collect::<Vec<_>>().join("\n"));
     }
-    let status = child.wait().unwrap();
+    let status = t.child.wait().unwrap();
     let logged = std::fs::read_to_string(&log).unwrap();
     assert!(status.success(), "the run survives bad input: {logged}");
     for (_, reason) in expected {

@@ -40,6 +40,20 @@
 //! session closed, and messages to the name go to the bound incarnation only.
 //! [`ControlSender::forget`] (the process was started again) retires the
 //! bound incarnation: if it speaks up later it is refused as `superseded`.
+//!
+//! **What `ractor_cluster` gets wrong, and what we do about it.**
+//! - A node re-announces the process-group members it learned from one
+//!   session to its other sessions under their *remote* pids, as if they were
+//!   its own actors; sent to, such a member delivers to whatever actor holds
+//!   that pid on the relaying node. Only a member on a direct session whose
+//!   node is an incarnation of the peer's name is used, and every envelope
+//!   names its receiver: a frame that lands elsewhere is refused.
+//! - Remote actor ids are numbered per node server, so two control nodes in
+//!   one process can give different peers' actors the same id, and one
+//!   session's end removes the other's group members. One control node per
+//!   process is the rule (tests that play several peers spawn processes, or
+//!   keep the extra ones unauthenticated); the groups live in a scope of the
+//!   run's own, so two runs in one process do not share them.
 use crate::cookie::Cookie;
 use crate::data_plane::DataPlaneStats;
 use crate::frame::{FrameCodec, FrameError, WireMessage};
@@ -144,12 +158,15 @@ pub enum Incoming<M> {
     Peer(PeerEvent),
 }
 
-/// The envelope every control frame carries: the sender's name and incarnation, then what it says.
+/// The envelope every control frame carries: the sender's name and
+/// incarnation, the receiver's name, then what it says.
 #[derive(Debug, Serialize, Deserialize)]
 struct Envelope {
     from: String,
     /// The sender's ractor node name (this start of the process).
     node: String,
+    /// The name it is meant for: a frame delivered elsewhere is refused.
+    to: String,
     body: Body,
 }
 
@@ -193,6 +210,9 @@ struct Session {
 
 struct Shared {
     name: String,
+    /// The run's process-group scope (from its cookie): two runs, or a run and
+    /// a test's peers, in one process never see each other's groups.
+    scope: String,
     /// This incarnation's ractor node name, as peers see it.
     node: String,
     codec: FrameCodec,
@@ -254,19 +274,27 @@ impl Shared {
         }
     }
 
-    /// The peer's inbox: a remote member of its group, of the incarnation bound to the name when there is one.
+    /// The peer's inbox: a member of its group on a direct session with an
+    /// incarnation of that name (the one bound to the name, once there is one).
+    ///
+    /// `ractor_cluster` re-announces the group members it learned from one
+    /// session to its other sessions under their remote pids, as if they were
+    /// its own actors: a node with two peers shows each of them members that
+    /// really are "the actor with that pid on me". Sent to, those deliver to
+    /// whatever actor holds that pid there. Only members on a session whose
+    /// node is an incarnation of `name` are real.
     fn remote_inbox(&self, name: &str) -> Option<ActorRef<Vec<u8>>> {
         let bound = self.peers.lock().expect("peers lock").get(name).map(|p| p.node.clone()).filter(|n| !n.is_empty());
         let sessions = self.sessions.lock().expect("sessions lock");
         let retired = self.retired.lock().expect("retired lock");
-        let node_of = |c: &ractor::ActorCell| sessions.get(&c.get_id().node()).map(|s| s.name.as_str());
-        ractor::pg::get_members(&group(name))
+        let prefix = format!("{name}~");
+        ractor::pg::get_scoped_members(&self.scope, &group(name))
             .into_iter()
             .filter(|c| !c.get_id().is_local())
-            .find(|c| match (&bound, node_of(c)) {
-                (Some(b), Some(n)) => n == b,
-                (Some(_), None) => false,
-                (None, n) => !n.is_some_and(|n| retired.contains(n)),
+            .find(|c| match sessions.get(&c.get_id().node()).map(|s| s.name.as_str()) {
+                None => false,
+                Some(n) if !n.starts_with(&prefix) || retired.contains(n) => false,
+                Some(n) => bound.as_ref().map_or(true, |b| b == n),
             })
             .map(ActorRef::from)
     }
@@ -304,6 +332,10 @@ impl<M: WireMessage> Actor for ControlInbox<M> {
             Err(e) => return Ok(refuse(e, &sh.open_sessions())),
             Ok(env) => env,
         };
+        if env.to != sh.name {
+            sh.stats.reject("unexpected", || format!("[control] {}: refused a message from {} ({}) meant for {}", sh.name, env.from, env.node, env.to));
+            return Ok(());
+        }
         let ev = match sh.admit(&env.from, &env.node) {
             Admission::Refused => return Ok(()),
             Admission::Taken(ev) => ev,
@@ -341,14 +373,14 @@ impl Shared {
         format!("one of the authenticated sessions [{}]", addrs.join(", "))
     }
 
-    fn envelope(&self, body: Body) -> Result<Vec<u8>, FrameError> {
-        self.codec.encode(&Envelope { from: self.name.clone(), node: self.node.clone(), body })
+    fn envelope(&self, to: &str, body: Body) -> Result<Vec<u8>, FrameError> {
+        self.codec.encode(&Envelope { from: self.name.clone(), node: self.node.clone(), to: to.to_string(), body })
     }
 }
 
 fn heartbeat_to(sh: &Shared, peer: &str) {
     let received = sh.peers.lock().expect("peers lock").get(peer).map_or(0, |p| p.received);
-    if let (Some(inbox), Ok(frame)) = (sh.remote_inbox(peer), sh.envelope(Body::Heartbeat { received })) {
+    if let (Some(inbox), Ok(frame)) = (sh.remote_inbox(peer), sh.envelope(peer, Body::Heartbeat { received })) {
         let _ = inbox.cast(frame);
     }
 }
@@ -398,8 +430,10 @@ impl<M: WireMessage> ControlNode<M> {
         // Unique per start: the pid, and the clock for two nodes of one process (tests).
         let nonce = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_nanos() as u64);
         let incarnation = format!("{name}~{}.{nonce:x}", std::process::id());
+        let run = blake3::hash(cookie.as_bytes());
         let shared = Arc::new(Shared {
             name: name.to_string(),
+            scope: format!("rlmesh-run-{}", &run.to_hex()[..16]),
             node: format!("{incarnation}@{}", cfg.host),
             codec,
             cfg: cfg.clone(),
@@ -424,13 +458,13 @@ impl<M: WireMessage> ControlNode<M> {
             .map_err(|e| fail(e.to_string()))?;
         let (tx, rx) = mpsc::unbounded_channel();
         let (inbox, _) = Actor::spawn(None, ControlInbox::<M>(PhantomData), InboxArgs { shared: shared.clone(), tx }).await.map_err(|e| fail(format!("inbox: {e}")))?;
-        ractor::pg::join(group(name), vec![inbox.get_cell()]);
+        ractor::pg::join_scoped(shared.scope.clone(), group(name), vec![inbox.get_cell()]);
         let sh = shared.clone();
         let beat = tokio::spawn(async move {
             let mut tick = tokio::time::interval(sh.cfg.heartbeat);
             loop {
                 tick.tick().await;
-                for g in ractor::pg::which_groups() {
+                for g in ractor::pg::which_scoped_groups(&sh.scope) {
                     if let Some(peer) = g.strip_prefix(GROUP_PREFIX) {
                         if peer != sh.name {
                             heartbeat_to(&sh, peer);
@@ -491,9 +525,16 @@ impl<M: WireMessage> ControlNode<M> {
         self.shared.remote_inbox(peer).ok_or_else(|| ControlError::NoPeer(peer.to_string()))?.cast(bytes).map_err(|_| ControlError::NoPeer(peer.to_string()))
     }
 
+    /// The bytes [`ControlNode::send`] would put on the wire for `msg` to
+    /// `peer`, for any wire message type (a seed for fuzzing a peer, or a
+    /// message of the wrong type, with [`ControlNode::send_raw`]).
+    pub fn frame<T: WireMessage>(&self, peer: &str, msg: &T) -> Result<Vec<u8>, ControlError> {
+        Ok(self.shared.envelope(peer, Body::Message(self.shared.codec.encode(msg)?))?)
+    }
+
     /// Sends `msg` under another name than this node's (tests of a duplicate claim).
     pub fn send_as_name(&self, claimed: &str, peer: &str, msg: &M) -> Result<(), ControlError> {
-        let frame = self.shared.codec.encode(&Envelope { from: claimed.to_string(), node: self.shared.node.clone(), body: Body::Message(self.shared.codec.encode(msg)?) })?;
+        let frame = self.shared.codec.encode(&Envelope { from: claimed.to_string(), node: self.shared.node.clone(), to: peer.to_string(), body: Body::Message(self.shared.codec.encode(msg)?) })?;
         self.send_raw(peer, frame)
     }
 
@@ -609,7 +650,7 @@ impl<M: WireMessage> ControlSender<M> {
 }
 
 fn send_as<M: WireMessage>(shared: &Shared, peer: &str, msg: &M) -> Result<(), ControlError> {
-    let frame = shared.envelope(Body::Message(shared.codec.encode(msg)?))?;
+    let frame = shared.envelope(peer, Body::Message(shared.codec.encode(msg)?))?;
     let inbox = shared.remote_inbox(peer).ok_or_else(|| ControlError::NoPeer(peer.to_string()))?;
     {
         let mut peers = shared.peers.lock().expect("peers lock");

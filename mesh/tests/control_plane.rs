@@ -33,7 +33,7 @@ fn cfg() -> ControlConfig {
     ControlConfig { heartbeat: Duration::from_millis(100), deadline: Duration::from_millis(1500), window: 16, queue: 4, cap: 64 << 10, ..ControlConfig::default() }
 }
 
-/// peer NAME HUB_PORT MODE (echo | impostor | sink | raw | version)
+/// peer NAME HUB_PORT MODE (echo | impostor | fuzz | sink | raw | version)
 async fn peer(args: Vec<String>) {
     let (name, hub_port, mode) = (&args[0], &args[1], args[2].as_str());
     let cookie = Cookie::from_env().unwrap();
@@ -67,6 +67,23 @@ async fn peer(args: Vec<String>) {
             node.send_raw("hub", b"not a frame at all, though long enough to hold a header".to_vec()).unwrap();
             node.send_raw("hub", FrameCodec::new(cookie.as_bytes(), 1 << 30).seal(0x0100, &vec![0u8; cfg().cap as usize + 1]).unwrap()).unwrap();
             node.send_raw("hub", codec.seal(0x0100, &[0xff; 7]).unwrap()).unwrap();
+            tokio::time::sleep(Duration::from_secs(30)).await;
+        }
+        "fuzz" => {
+            let codec = FrameCodec::new(cookie.as_bytes(), cfg().cap);
+            let good = node.frame("hub", &Ctl::Ping(5)).unwrap();
+            let mut x: u64 = 0x9E3779B97F4A7C15;
+            for _ in 0..400 {
+                x ^= x >> 12; x ^= x << 25; x ^= x >> 27;
+                let r = x.wrapping_mul(0x2545F4914F6CDD1D);
+                let mut f = good.clone();
+                match r % 3 {
+                    0 => { let k = (r >> 8) as usize % f.len(); f[k] ^= 1 + ((r >> 20) as u8 % 255); }
+                    1 => f.truncate((r >> 8) as usize % f.len()),
+                    _ => f.extend_from_slice(&codec.seal(7, &[1]).unwrap()[..((r >> 8) % 40) as usize + 1]),
+                }
+                node.send_raw("hub", f).unwrap();
+            }
             tokio::time::sleep(Duration::from_secs(30)).await;
         }
         // sink: never reads; version: every frame it sends claims 0.0.9.
@@ -218,6 +235,23 @@ async fn a_second_process_claiming_a_name_is_refused_and_the_first_keeps_it() {
     assert_eq!(ping(&mut hub, "rank-1", 100).await, Ctl::Pong(100));
 }
 
+/// A hub with two peers (ractor_cluster then re-announces each peer's group
+/// to the other under foreign pids): 400 mutated frames from one peer are each
+/// refused exactly once, and the other peer is still served.
+async fn fuzzed_messages_are_each_refused_once_and_the_hub_keeps_serving() {
+    let cookie = Cookie::generate().unwrap();
+    let (mut hub, port) = hub(&cookie).await;
+    let _echo = Killed(spawn_peer("echo-3", port, "echo", &cookie));
+    hub.wait_for_peer("echo-3", Duration::from_secs(10)).await.unwrap();
+    let _fuzz = Killed(spawn_peer("fuzz", port, "fuzz", &cookie));
+    let total = |h: &ControlNode<Ctl>| h.stats().refusals().iter().map(|(_, n)| n).sum::<u64>();
+    wait_for("400 refusals", || total(&hub) >= 400).await;
+    for n in 0..10 {
+        assert_eq!(ping(&mut hub, "echo-3", n).await, Ctl::Pong(n));
+    }
+    assert_eq!(total(&hub), 400, "{:?}", hub.stats().refusals());
+}
+
 async fn a_peer_that_does_not_read_fills_its_window() {
     let cookie = Cookie::generate().unwrap();
     let (hub, port) = hub(&cookie).await;
@@ -250,6 +284,7 @@ fn main() {
         ("bad_peers_are_refused_and_counted_and_the_hub_keeps_serving", || block(bad_peers_are_refused_and_counted_and_the_hub_keeps_serving())),
         ("a_silent_peer_is_lost_while_its_connection_stays_open", || block(a_silent_peer_is_lost_while_its_connection_stays_open())),
         ("a_second_process_claiming_a_name_is_refused_and_the_first_keeps_it", || block(a_second_process_claiming_a_name_is_refused_and_the_first_keeps_it())),
+        ("fuzzed_messages_are_each_refused_once_and_the_hub_keeps_serving", || block(fuzzed_messages_are_each_refused_once_and_the_hub_keeps_serving())),
         ("a_peer_that_does_not_read_fills_its_window", || block(a_peer_that_does_not_read_fills_its_window())),
     ]);
 }

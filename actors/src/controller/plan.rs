@@ -14,6 +14,7 @@
 //!   an actor's in-process CUDA ordinal is its GPU's position in that list;
 //! - `RLMESH_LISTEN_ALL=1` — only with `[network] listen_all`: listen on every
 //!   interface (otherwise every listener binds `RLMESH_HOST`);
+//! - `RLMESH_HEARTBEAT_S`, `RLMESH_DEADLINE_S` — only where `[faults]` changes them;
 //!
 //! and of a learner's process: `RLMESH_RANK`, `RLMESH_WORLD_SIZE`,
 //! `RLMESH_MASTER_ADDR`, `RLMESH_MASTER_PORT` (learner rank 0's host and
@@ -41,6 +42,9 @@ pub struct Plan {
     /// Listeners bind every interface (`[network] listen_all`), not each process's host.
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub listen_all: bool,
+    /// Heartbeats, deadline and call timeout (`[faults]`).
+    #[serde(default)]
+    pub faults: super::topology::Faults,
     /// Every process, in start order.
     pub processes: Vec<Process>,
 }
@@ -189,6 +193,7 @@ pub fn plan(topology: &Topology) -> Plan {
         if topology.network.listen_all {
             env.insert("RLMESH_LISTEN_ALL".to_string(), "1".to_string());
         }
+        env.extend(topology.faults.env());
         p.command = if roles.contains(&Role::Controller) { vec!["launcher".into(), "up".into()] } else { vec!["launcher".into(), "node".into()] };
         p.roles = roles;
         if let Some(l) = p.actors.iter().find(|a| a.role == Role::Learner) {
@@ -201,7 +206,7 @@ pub fn plan(topology: &Topology) -> Plan {
         p.env = env;
     }
 
-    Plan { topology: topology.name.clone(), learner_backend, weight_transport, world_size, master, controller, listen_all: topology.network.listen_all, processes }
+    Plan { topology: topology.name.clone(), learner_backend, weight_transport, world_size, master, controller, listen_all: topology.network.listen_all, faults: topology.faults.clone(), processes }
 }
 
 impl Plan {

@@ -96,6 +96,83 @@ pub struct Topology {
     /// role's winning over `all`.
     #[serde(default)]
     pub env: BTreeMap<String, BTreeMap<String, String>>,
+    /// How soon a lost or stalled process is noticed.
+    #[serde(default)]
+    pub faults: Faults,
+}
+
+/// Failure detection: heartbeats with a deadline on the control plane, and a
+/// bound on every call a process must answer.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct Faults {
+    /// Seconds between heartbeats to each peer.
+    pub heartbeat_s: f64,
+    /// A peer silent this many seconds is declared lost (its calls fail, it is started again).
+    pub deadline_s: f64,
+    /// A call (a rollout request, a version to load, a learner step or
+    /// checkpoint) not answered within this many seconds marks its process as
+    /// stalled: lost like a silent one, though its heartbeats still arrive.
+    pub call_timeout_s: f64,
+}
+
+impl Default for Faults {
+    fn default() -> Self {
+        Faults { heartbeat_s: 0.5, deadline_s: 5.0, call_timeout_s: 900.0 }
+    }
+}
+
+impl Faults {
+    /// `[faults]` as the plan's environment: only what differs from the defaults.
+    pub fn env(&self) -> Vec<(String, String)> {
+        let d = Faults::default();
+        let mut env = vec![];
+        if self.heartbeat_s != d.heartbeat_s {
+            env.push(("RLMESH_HEARTBEAT_S".to_string(), self.heartbeat_s.to_string()));
+        }
+        if self.deadline_s != d.deadline_s {
+            env.push(("RLMESH_DEADLINE_S".to_string(), self.deadline_s.to_string()));
+        }
+        env
+    }
+
+    /// Reads what [`Faults::env`] wrote (a node process's side); missing values are the defaults.
+    pub fn from_env() -> Result<Faults, String> {
+        let mut f = Faults::default();
+        for (key, slot) in [("RLMESH_HEARTBEAT_S", &mut f.heartbeat_s), ("RLMESH_DEADLINE_S", &mut f.deadline_s)] {
+            if let Ok(v) = std::env::var(key) {
+                *slot = v.parse().map_err(|_| format!("{key}={v:?}: not a number of seconds"))?;
+            }
+        }
+        Ok(f)
+    }
+
+    fn validate(&self) -> Result<(), Invalid> {
+        for (field, v, lo, hi) in [("faults.heartbeat_s", self.heartbeat_s, 0.01, 60.0), ("faults.deadline_s", self.deadline_s, 0.1, 3600.0), ("faults.call_timeout_s", self.call_timeout_s, 0.1, 7.0 * 86400.0)] {
+            if !(lo..=hi).contains(&v) {
+                return Err(Invalid::new(field, format!("{v} is outside {lo}..={hi} seconds")));
+            }
+        }
+        if self.deadline_s < 3.0 * self.heartbeat_s {
+            return Err(Invalid::new("faults.deadline_s", format!("{} s is under three heartbeats ({} s each): a peer would be declared lost between two of its heartbeats", self.deadline_s, self.heartbeat_s)));
+        }
+        Ok(())
+    }
+
+    /// The heartbeat interval.
+    pub fn heartbeat(&self) -> std::time::Duration {
+        std::time::Duration::from_secs_f64(self.heartbeat_s)
+    }
+
+    /// The deadline.
+    pub fn deadline(&self) -> std::time::Duration {
+        std::time::Duration::from_secs_f64(self.deadline_s)
+    }
+
+    /// The call timeout.
+    pub fn call_timeout(&self) -> std::time::Duration {
+        std::time::Duration::from_secs_f64(self.call_timeout_s)
+    }
 }
 
 /// The network the collectives use; each field, when set, becomes the
@@ -430,6 +507,7 @@ impl Topology {
             }
         }
         self.check_env()?;
+        self.faults.validate()?;
         let index = self.node_index();
         for (role, s) in [(Role::Controller, &self.controller), (Role::WeightSync, &self.weight_sync)] {
             self.check_node(&index, &format!("{role}.node"), &s.node)?;

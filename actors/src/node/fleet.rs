@@ -43,7 +43,7 @@ use rlmesh_mesh::control::{ControlConfig, ControlNode, ControlSender, Incoming, 
 use rlmesh_mesh::cookie::Cookie;
 use rlmesh_mesh::data_plane::{DataPlaneConfig, Inbox};
 use rlmesh_mesh::frame::FrameCodec;
-use rlmesh_mesh::launch::{Host, Launcher, Process, ProcessSpec, SshConfig};
+use rlmesh_mesh::launch::{Exit, Host, Launcher, Process, ProcessSpec, SshConfig};
 use rlmesh_mesh::slurm::SrunConfig;
 use std::collections::{BTreeMap, HashMap, HashSet};
 use std::path::{Path, PathBuf};
@@ -147,6 +147,8 @@ pub(super) struct Core {
     cookie: String,
     /// The address the controller's listeners bind (`None`: every interface).
     listen: Option<std::net::IpAddr>,
+    /// The longest wait for a call's answer before its process counts as stalled.
+    call_timeout: Duration,
     /// Every started process, in plan order (the keeper starts one again in place).
     pub(super) members: Mutex<Vec<Member>>,
     /// The policy version each rollout process holds (checked by its digest).
@@ -201,6 +203,21 @@ impl Core {
             }
         }
         rx
+    }
+
+    /// Waits for a call's answer from `process`. Past the call timeout the
+    /// process counts as stalled (its heartbeats may still arrive): the call
+    /// fails and the keeper takes the process down like a silent one.
+    pub(super) async fn answer(&self, rx: oneshot::Receiver<Reply>, process: &str) -> Result<Reply, oneshot::error::RecvError> {
+        match tokio::time::timeout(self.call_timeout, rx).await {
+            Ok(r) => r,
+            Err(_) => {
+                let why = format!("stalled: it answered no call within {:?} (`[faults] call_timeout_s`), though it may still send heartbeats", self.call_timeout);
+                eprintln!("[fleet] {process} {why}");
+                let _ = self.lost.send((process.to_string(), why));
+                Ok(Reply::Lost(process.to_string()))
+            }
+        }
     }
 
     /// `process` was started again and says Hello: calls on it wait for their answers again.
@@ -319,7 +336,7 @@ impl Fleet {
         };
         cookie.write_private(&cookie_path).map_err(|e| e.to_string())?;
         let listen = listen_address(&me.host, plan.listen_all)?;
-        let ccfg = ControlConfig { cap: CONTROL_CAP, host: me.host.clone(), listen, ..ControlConfig::default() };
+        let ccfg = ControlConfig { cap: CONTROL_CAP, host: me.host.clone(), listen, heartbeat: plan.faults.heartbeat(), deadline: plan.faults.deadline(), ..ControlConfig::default() };
         let mut control = ControlNode::<ControlMsg>::start(&me.name, me.ports.control, &cookie, ccfg)
             .await
             .map_err(|e| format!("{e} (the topology's ports.control)"))?;
@@ -408,6 +425,7 @@ impl Fleet {
             names: members.iter().map(|m| m.planned.name.clone()).collect(),
             cookie: cookie.to_hex(),
             listen,
+            call_timeout: plan.faults.call_timeout(),
             members: Mutex::new(members),
             versions: Mutex::new(HashMap::new()),
             pending: Mutex::new(HashMap::new()),
@@ -624,6 +642,34 @@ impl Drop for Fleet {
             k.abort();
         }
         self.router.abort();
+        // A learner rank that exited may have failed the run (its peers' collective
+        // broke as its sockets closed) before the keeper's poll saw it, or before it
+        // finished exiting: it is a lost rank all the same, so the run starts again
+        // from its checkpoint rather than ending. Its exit is awaited for up to 1 s.
+        let t0 = Instant::now();
+        loop {
+            let exited: Vec<(String, String)> = self
+                .core
+                .members
+                .lock()
+                .expect("members lock")
+                .iter_mut()
+                .filter(|m| has(&m.planned, Role::Learner))
+                .filter_map(|m| match m.process.as_mut().map(Process::try_wait) {
+                    Some(Ok(Some(exit))) if !matches!(exit, Exit::Code(0) | Exit::Signal(libc::SIGTERM | libc::SIGINT)) => Some((m.planned.name.clone(), format!("exited: {exit:?}"))),
+                    _ => None,
+                })
+                .collect();
+            let lost = self.core.learner_loss.lock().expect("loss lock").is_some();
+            for (name, why) in &exited {
+                self.core.lose(name, why, true);
+            }
+            let learners = self.core.members.lock().expect("members lock").iter().any(|m| has(&m.planned, Role::Learner) && m.process.is_some());
+            if lost || !exited.is_empty() || !learners || t0.elapsed() > Duration::from_secs(1) {
+                break;
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
         let members: Vec<Member> = std::mem::take(&mut *self.core.members.lock().expect("members lock"));
         let down = self.core.down.lock().expect("down lock").clone();
         for m in &members {
@@ -771,7 +817,7 @@ impl Actor for RemoteRollout {
                 let to = reward.map_or_else(|| core.my_data.clone(), |(_, data)| data.clone());
                 let out = match core.tx.send(process, &ControlMsg::Generate { id, reward: to, request: Json::of(&req) }) {
                     Err(e) => Err(lost(e.to_string())),
-                    Ok(()) => match rx.await {
+                    Ok(()) => match core.answer(rx, process).await {
                         Ok(Reply::Data(DataMsg::Scored { result, .. } | DataMsg::Groups { result, .. })) => result.and_then(|j| j.get::<RolloutResult>("RolloutResult")),
                         Ok(Reply::Lost(p)) if p == process => Err(lost(format!("{p} is lost"))),
                         Ok(Reply::Lost(p)) => Err(format!("its reward process {p} is lost")),
@@ -783,7 +829,7 @@ impl Actor for RemoteRollout {
             RolloutMsg::LoadWeights(update, reply) => {
                 let out: Result<WeightAck, String> = match core.out.send(&s.route.data, DataMsg::Weights { id, update }).await {
                     Err(e) => Err(e),
-                    Ok(()) => match rx.await {
+                    Ok(()) => match core.answer(rx, process).await {
                         Ok(Reply::Control(ControlMsg::WeightsLoaded { result, .. })) => {
                             if let Ok(ack) = &result {
                                 core.versions.lock().expect("versions lock").insert(process.to_string(), ack.version);
@@ -829,7 +875,7 @@ impl RemoteLearner {
         }
         let mut first = None;
         for (rank, process, rx) in waits {
-            let r = rx.await.map_err(|_| "the router stopped".to_string())?;
+            let r = s.core.answer(rx, process).await.map_err(|_| "the router stopped".to_string())?;
             match &r {
                 Reply::Lost(p) => return Err(format!("learner rank {rank} ({p}) is lost")),
                 Reply::Data(DataMsg::LearnerDone { result: Err(e), .. }) => return Err(format!("learner rank {rank} ({process}): {e}")),
@@ -1026,6 +1072,9 @@ impl Publisher {
                 let rx = core.expect(&[process], (id, 0));
                 core.out.send(data, DataMsg::Learner { id, call: Json::of(&LearnerCall::Publish(version)) }).await?;
                 let process = process.clone();
+                // Not under the call timeout: the broadcast waits for every member, so a
+                // stalled receiver would be blamed on rank 0. The ring bounds each of its
+                // waits, and the receivers' acknowledgements below are under the timeout.
                 Box::pin(async move {
                     match rx.await {
                         Ok(Reply::Data(DataMsg::LearnerDone { result, .. })) => match result.and_then(|j| j.get::<LearnerOut>("LearnerOut"))? {
@@ -1040,11 +1089,25 @@ impl Publisher {
         };
         let (core, state) = (core.clone(), self.state.clone());
         Ok(async move {
+            // The receivers' acknowledgements are awaited beside the broadcast, each under
+            // the call timeout: a stalled receiver is taken down, which aborts the group's
+            // collective, rather than holding the broadcast for the ring's own bound.
+            let waits: Vec<_> = acks
+                .into_iter()
+                .map(|(process, rx)| {
+                    let core = core.clone();
+                    tokio::spawn(async move {
+                        let r = core.answer(rx, &process).await;
+                        (process, r)
+                    })
+                })
+                .collect();
             let sent = sent.await;
             // Every member answers (a broken ring fails each receipt at once), so each one's outcome is known.
             let mut first_err = sent.as_ref().err().cloned();
-            for (process, rx) in acks {
-                let err = match rx.await {
+            for wait in waits {
+                let Ok((process, answer)) = wait.await else { continue };
+                let err = match answer {
                     Ok(Reply::Control(ControlMsg::WeightsLoaded { result: Ok(ack), .. })) => {
                         core.versions.lock().expect("versions lock").insert(process.clone(), ack.version);
                         core.missed.lock().expect("missed lock").remove(&process);

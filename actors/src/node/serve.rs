@@ -157,7 +157,8 @@ pub async fn serve() -> Result<(), String> {
         None => format!("0.0.0.0:{}", env.metrics_port),
     };
     let _server = serve_metrics(metrics.registry(), maddr.as_str()).map_err(|e| format!("/metrics on {maddr} (the topology's ports.metrics): {e}"))?;
-    let ccfg = ControlConfig { cap: CONTROL_CAP, host: env.host.clone(), listen: env.listen, ..ControlConfig::default() };
+    let faults = crate::controller::topology::Faults::from_env()?;
+    let ccfg = ControlConfig { cap: CONTROL_CAP, host: env.host.clone(), listen: env.listen, heartbeat: faults.heartbeat(), deadline: faults.deadline(), ..ControlConfig::default() };
     let mut control = ControlNode::<ControlMsg>::start(&env.process, env.control_port, &cookie, ccfg).await.map_err(|e| e.to_string())?;
     // The controller may come up after us (pods start in any order): retry
     // until RLMESH_JOIN_TIMEOUT_S (default 30 s) has passed.

@@ -177,3 +177,106 @@ pub fn assert_listens_only_on(pid: u32, host: &str) {
         assert_eq!(a.ip(), want, "process {pid} listens on {a}, not only on its host {host}: {addrs:?}");
     }
 }
+
+/// A live run to throw bad input at: the controller and the learner in `main`,
+/// a rollout process and a reward process, on free ports of 127.0.0.1.
+pub struct Target {
+    pub child: std::process::Child,
+    pub run: PathBuf,
+    pub log: PathBuf,
+    pub metrics: String,
+    pub ports: String,
+    pub cookie: rlmesh_mesh::cookie::Cookie,
+}
+
+impl Target {
+    pub fn start(tmp: &Path, name: &str, steps: u32) -> Target {
+        let recipe = format!(
+            "reward = \"process\"\n[tasks]\nsize = 64\nheld_out = 100\n[sft]\nsteps = 150\nbatch_size = 16\ntasks = 1024\n\
+             [rl]\nsteps = {steps}\ngroup_size = 4\ngroups_per_step = 3\nmax_turns = 2\nmax_new_tokens = 24\nmode = \"sync\"\n"
+        );
+        let recipe_path = tmp.join(format!("{name}-recipe.toml")).to_str().unwrap().to_string();
+        std::fs::write(&recipe_path, recipe).unwrap();
+        let ports = free_ports_table(8);
+        let text = format!(
+            "name = \"{name}\"\n[[nodes]]\nname = \"local\"\nhost = \"127.0.0.1\"\n{ports}\n\
+             [controller]\nnode = \"local\"\nprocess = \"main\"\n[weight_sync]\nnode = \"local\"\nprocess = \"main\"\n\
+             [rollout]\nplacement = [{{ node = \"local\", actors = 1 }}]\n[reward]\nplacement = [{{ node = \"local\", actors = 1, process = \"reward\" }}]\n\
+             [learner]\nranks = 1\nplacement = [{{ node = \"local\", actors = 1, process = \"main\" }}]\n"
+        );
+        let topo = tmp.join(format!("{name}.toml"));
+        std::fs::write(&topo, text).unwrap();
+        let run = tmp.join(format!("run-{name}"));
+        let metrics = format!("127.0.0.1:{}", free_port_base(1));
+        let log = tmp.join(format!("{name}.log"));
+        let mut child = std::process::Command::new(env!("CARGO_BIN_EXE_launcher"))
+            .current_dir(repo())
+            .args(["up", topo.to_str().unwrap(), "--recipe", &recipe_path, "--run-dir", run.to_str().unwrap(), "--metrics-addr", &metrics, "--eval-limit", "8"])
+            .stdout(std::process::Stdio::null())
+            .stderr(std::fs::File::create(&log).unwrap())
+            .spawn()
+            .unwrap();
+        // The run is up once its status names its processes.
+        let t0 = std::time::Instant::now();
+        while !std::fs::read_to_string(run.join("status.json")).is_ok_and(|s| s.contains("local/reward")) {
+            assert!(t0.elapsed() < std::time::Duration::from_secs(120), "the run never started: {}", std::fs::read_to_string(&log).unwrap_or_default());
+            assert!(child.try_wait().unwrap().is_none(), "the run ended early: {}", std::fs::read_to_string(&log).unwrap_or_default());
+            std::thread::sleep(std::time::Duration::from_millis(100));
+        }
+        let cookie = rlmesh_mesh::cookie::Cookie::read_private(&run.join("cookie")).unwrap();
+        Target { child, run, log, metrics, ports, cookie }
+    }
+
+    /// The port base `key` of the topology's `[ports]`.
+    pub fn base(&self, key: &str) -> u16 {
+        self.ports.lines().find(|l| l.starts_with(key)).unwrap().rsplit(' ').next().unwrap().parse().unwrap()
+    }
+
+    /// The `key` port of the process named `name` (the i-th process of the host: base + i).
+    pub fn port_of(&self, name: &str, key: &str) -> u16 {
+        let status: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(self.run.join("status.json")).unwrap()).unwrap();
+        let i = status["processes"].as_array().unwrap().iter().position(|p| p["name"] == name).unwrap();
+        self.base(key) + i as u16
+    }
+}
+
+/// The ledger shows every dispatched group trained exactly once.
+pub fn assert_trained_once(run: &Path) {
+    let (trained, dispatched) = ledger_counts(run);
+    assert!(dispatched > 0, "{}: nothing dispatched", run.display());
+    assert_eq!(trained.len(), dispatched, "{}: every dispatched group is trained", run.display());
+    assert!(trained.values().all(|&n| n == 1), "{}: a group trained twice: {trained:?}", run.display());
+}
+
+/// No `launcher node` of this run is left.
+pub fn assert_no_nodes_left(run: &Path) {
+    let status: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(run.join("status.json")).unwrap()).unwrap();
+    for p in status["processes"].as_array().unwrap().iter().skip(1) {
+        let pid = p["pid"].as_u64().unwrap();
+        let alive = std::fs::read_to_string(format!("/proc/{pid}/cmdline")).is_ok_and(|c| c.contains("node"));
+        assert!(!alive, "{} (pid {pid}) outlived its run", p["name"]);
+    }
+}
+
+pub fn scrape(addr: &str) -> String {
+    use std::io::{Read, Write};
+    let mut s = std::net::TcpStream::connect(addr).unwrap();
+    write!(s, "GET /metrics HTTP/1.0\r\nHost: x\r\n\r\n").unwrap();
+    let mut body = String::new();
+    s.read_to_string(&mut body).unwrap();
+    body
+}
+
+pub fn series(text: &str, prefix: &str) -> f64 {
+    text.lines().filter(|l| l.starts_with(prefix)).filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok()).sum()
+}
+
+/// The logs hold no step or rollout twice, and none is missing: `metrics.jsonl`
+/// has steps 1..=`steps` once each in order, and `rollouts.jsonl` one row per
+/// trained rollout (`rows_per_step` = groups per step × group size).
+pub fn assert_logged_once(run: &Path, steps: u64, rows_per_step: u64) {
+    let logged: Vec<u64> = jsonl(&run.join("metrics.jsonl")).iter().map(|r| r["step"].as_u64().unwrap()).collect();
+    assert_eq!(logged, (1..=steps).collect::<Vec<_>>(), "{}: every step logged once, in order", run.display());
+    let rows = jsonl(&run.join("rollouts.jsonl")).len() as u64;
+    assert_eq!(rows, steps * rows_per_step, "{}: one rollouts.jsonl row per trained rollout ({steps} steps × {rows_per_step})", run.display());
+}
