@@ -1,5 +1,5 @@
 //! `/metrics` is served over loopback and a real HTTP GET returns the named series.
-use rlmesh_actors::metrics::{markdown_table, serve, Kind, Metrics, DEFINITIONS};
+use rlmesh_actors::metrics::{TARGET_LABELS, markdown_table, serve, Kind, Metrics, DEFINITIONS};
 use std::collections::HashSet;
 use std::io::{Read, Write};
 use std::net::{SocketAddr, TcpStream};
@@ -25,7 +25,7 @@ fn metrics_endpoint_serves_the_named_series_over_loopback() {
     m.staleness.observe(1.0);
     m.learner_loss.set(-0.25);
 
-    let server = serve(m.registry(), "127.0.0.1:0").unwrap();
+    let server = serve(&m, "127.0.0.1:0").unwrap();
     let addr = server.local_addr();
     assert_ne!(addr.port(), 0, "port 0 binds an ephemeral port");
 
@@ -69,6 +69,21 @@ fn metric_definitions_are_unique_prefixed_registered_and_documented() {
     assert_eq!(names.len(), DEFINITIONS.len(), "names are unique");
     assert!(DEFINITIONS.iter().all(|d| d.name.starts_with("rlmesh_") && !d.help.is_empty()));
     assert!(DEFINITIONS.iter().filter(|d| d.kind == Kind::Counter).all(|d| d.name.ends_with("_total")));
+    // Base units: a histogram of times is in seconds, a byte count in bytes; a
+    // metric's own labels never clash with the labels every scrape target
+    // carries (Prometheus would rename them `exported_*`); no id-like label.
+    for d in DEFINITIONS {
+        if d.kind == Kind::Histogram && d.help.starts_with("Seconds") || d.help.starts_with("Wall seconds") {
+            assert!(d.name.ends_with("_seconds"), "{}: a time in seconds ends in _seconds", d.name);
+        }
+        if d.help.starts_with("Bytes") {
+            assert!(d.name.ends_with("_bytes_total") || d.name.ends_with("_bytes"), "{}: bytes end in _bytes", d.name);
+        }
+        for l in d.labels {
+            assert!(!TARGET_LABELS.contains(l), "{}: label {l} clashes with a target label ({TARGET_LABELS:?})", d.name);
+            assert!(!["task", "task_id", "rollout", "group", "prompt_id", "step", "version", "pid"].contains(l), "{}: label {l} would be unbounded", d.name);
+        }
+    }
 
     // Single series appear at zero; labelled families once they have a child.
     let text = Metrics::new().encode();
@@ -141,7 +156,7 @@ fn a_real_prometheus_server_scrapes_the_endpoint() {
     let m = Metrics::new();
     m.groups_trained_total.inc_by(3);
     m.reward_component.with_label_values(&["format_ok"]).set(0.5);
-    let server = serve(m.registry(), "127.0.0.1:0").unwrap();
+    let server = serve(&m, "127.0.0.1:0").unwrap();
 
     let dir = tempfile::tempdir().unwrap();
     let web = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap();

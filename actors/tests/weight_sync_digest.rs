@@ -68,6 +68,7 @@ fn a_rollout_actor_refuses_and_counts_a_corrupted_version() {
         panic_on_request: None,
         requests: Arc::new(AtomicU64::new(0)),
         metrics: Some(metrics.clone()),
+        label: "rollout-0".into(),
     };
     let rt = tokio::runtime::Runtime::new().unwrap();
     rt.block_on(async {
@@ -79,11 +80,11 @@ fn a_rollout_actor_refuses_and_counts_a_corrupted_version() {
         let refused = ractor::call!(actor, RolloutMsg::LoadWeights, bad).unwrap();
         assert!(refused.as_ref().is_err_and(|e| e.contains("digest mismatch") && e.contains("refused")), "{refused:?}");
         assert_eq!(metrics.weight_sync_digest_failures_total.get(), 1);
-        assert_eq!(metrics.weight_sync_bytes_received_total.get(), 0, "a refused version's bytes are not counted");
+        assert_eq!(metrics.weight_sync_received_bytes_total.get(), 0, "a refused version's bytes are not counted");
         let ack = ractor::call!(actor, RolloutMsg::LoadWeights, update.clone()).unwrap().unwrap();
         assert_eq!((ack.version, ack.digest), (7, update.digest));
         assert_eq!(metrics.weight_sync_digest_failures_total.get(), 1, "a faithful version is not counted");
-        assert_eq!(metrics.weight_sync_bytes_received_total.get(), update.image.len() as u64);
+        assert_eq!(metrics.weight_sync_received_bytes_total.get(), update.image.len() as u64);
         actor.stop(None);
     });
 }

@@ -40,19 +40,101 @@ fn encode(q: &str) -> String {
     q.bytes().map(|b| if b.is_ascii_alphanumeric() || b"-_.~".contains(&b) { (b as char).to_string() } else { format!("%{b:02X}") }).collect()
 }
 
-/// Every panel query of every dashboard in deploy/grafana/dashboards, as (dashboard/panel, expr).
-fn dashboard_queries() -> Vec<(String, String)> {
+/// Every panel query of every dashboard in deploy/grafana/dashboards, as (dashboard/panel, expr, legend).
+fn dashboard_queries() -> Vec<(String, String, String)> {
     let mut out = Vec::new();
     for e in std::fs::read_dir(repo().join("deploy/grafana/dashboards")).unwrap() {
         let path = e.unwrap().path();
         let d: Value = serde_json::from_str(&std::fs::read_to_string(&path).unwrap()).unwrap();
         for p in d["panels"].as_array().unwrap() {
             for t in p["targets"].as_array().unwrap() {
-                out.push((format!("{}: {}", path.file_name().unwrap().to_string_lossy(), p["title"]), t["expr"].as_str().unwrap().to_string()));
+                out.push((format!("{}: {}", path.file_name().unwrap().to_string_lossy(), p["title"]), t["expr"].as_str().unwrap().to_string(), t["legendFormat"].as_str().unwrap_or("").to_string()));
             }
         }
     }
     out
+}
+
+/// The label names a template uses: `{{name}}` (Grafana legends) or `{{ $labels.name }}` (alert annotations).
+fn placeholders(template: &str) -> Vec<String> {
+    let mut out = vec![];
+    let mut rest = template;
+    while let Some(i) = rest.find("{{") {
+        let Some(j) = rest[i..].find("}}") else { break };
+        let inner = rest[i + 2..i + j].trim();
+        let name = inner.strip_prefix("$labels.").unwrap_or(inner);
+        if !name.starts_with('$') && name.chars().all(|c| c.is_ascii_alphanumeric() || c == '_') {
+            out.push(name.to_string());
+        }
+        rest = &rest[i + j + 2..];
+    }
+    out
+}
+
+/// An alert expression's operands without their thresholds: the series it
+/// compares (`A > 0 and on (run) B < 0` gives `A` and `B`).
+fn signals(expr: &str) -> Vec<String> {
+    let mut parts = vec![];
+    let (mut depth, mut start) = (0i32, 0usize);
+    let b = expr.as_bytes();
+    let mut i = 0;
+    while i < b.len() {
+        match b[i] {
+            b'(' => depth += 1,
+            b')' => depth -= 1,
+            b'a' if depth == 0 && expr[i..].starts_with("and ") && i > 0 && b[i - 1] == b' ' => {
+                parts.push(expr[start..i].to_string());
+                // Skip `and` and an `on (…)` modifier.
+                let mut k = i + 4;
+                let tail = expr[k..].trim_start();
+                if tail.starts_with("on (") {
+                    k = expr.len() - tail.len() + tail.find(')').unwrap() + 1;
+                }
+                start = k;
+                i = k;
+                continue;
+            }
+            _ => {}
+        }
+        i += 1;
+    }
+    parts.push(expr[start..].to_string());
+    parts
+        .into_iter()
+        .map(|p| {
+            let mut p = p.trim().to_string();
+            // A whole operand in parentheses: look inside.
+            if p.starts_with('(') && p.ends_with(')') {
+                p = p[1..p.len() - 1].to_string();
+            }
+            // Drop a trailing `OP number`, and a top-level `OP on (…) (…)` comparison.
+            for op in [" >= ", " <= ", " == ", " > ", " < "] {
+                let mut d = 0i32;
+                let mut cut = None;
+                for (k, c) in p.char_indices() {
+                    match c {
+                        '(' => d += 1,
+                        ')' => d -= 1,
+                        _ if d == 0 && p[k..].starts_with(op) => cut = Some(k),
+                        _ => {}
+                    }
+                }
+                if let Some(k) = cut {
+                    p.truncate(k);
+                    break;
+                }
+            }
+            p.trim().to_string()
+        })
+        .collect()
+}
+
+#[test]
+fn alert_signals_are_the_compared_series() {
+    assert_eq!(signals("up{job=\"rlmesh\"} == 0"), ["up{job=\"rlmesh\"}"]);
+    assert_eq!(signals("(max by (run) (deriv(a[30m])) > 0) and on (run) (max by (run) (deriv(b[30m])) < 0)"), ["max by (run) (deriv(a[30m]))", "max by (run) (deriv(b[30m]))"]);
+    assert_eq!(signals("(q(0.9, x) > on (run) (max by (run) (b) - 0.5)) and on (run) max by (run) (b) > 0"), ["q(0.9, x)", "max by (run) (b)"]);
+    assert_eq!(placeholders("{{process}} {{ $labels.role }} {{ $value }}"), ["process", "role"]);
 }
 
 #[test]
@@ -82,6 +164,19 @@ fn dashboards_are_valid_with_unique_ids_the_provisioned_datasource_and_a_unit_an
     assert_eq!(uids.len(), 5, "overview, rollout, learner, weight sync, faults");
     assert!(n >= 20, "{n} panels");
     println!("NOTE: no Grafana server can be installed here (not in Debian's or the registries this project uses); the dashboards are checked structurally, and every query against a real Prometheus in the live-run test");
+}
+
+/// Waits up to 60 s for `q` to return series; returns them.
+fn wait_for_data(listen: &str, q: &str, what: &str) -> Vec<Value> {
+    let t0 = Instant::now();
+    loop {
+        let r = api(listen, &format!("/api/v1/query?query={}", encode(q)));
+        if let Some(a) = r.as_ref().and_then(|v| v["data"]["result"].as_array()).filter(|a| !a.is_empty()) {
+            return a.clone();
+        }
+        assert!(t0.elapsed() < Duration::from_secs(60), "{what}: `{q}` returns nothing: {r:?}");
+        std::thread::sleep(Duration::from_millis(500));
+    }
 }
 
 fn phase(run: &Path) -> Option<String> {
@@ -156,19 +251,15 @@ fn a_real_prometheus_scrapes_every_process_of_a_live_run_through_the_generated_c
         std::thread::sleep(Duration::from_millis(300));
     }
 
-    // Every panel of every dashboard returns data from this Prometheus.
+    // Every panel of every dashboard returns data from this Prometheus, each
+    // series with the labels its legend names.
     let panels = dashboard_queries();
     assert!(panels.len() >= 20, "{} panel queries", panels.len());
-    for (where_, expr) in &panels {
+    for (where_, expr, legend) in &panels {
         let q = expr.replace("$run", "run").replace("$__rate_interval", "1m");
-        let t0 = Instant::now();
-        loop {
-            let r = api(&listen, &format!("/api/v1/query?query={}", encode(&q)));
-            if r.as_ref().and_then(|v| v["data"]["result"].as_array()).is_some_and(|a| !a.is_empty()) {
-                break;
-            }
-            assert!(t0.elapsed() < Duration::from_secs(60), "{where_}: `{q}` returns nothing: {r:?}");
-            std::thread::sleep(Duration::from_millis(500));
+        let result = wait_for_data(&listen, &q, where_);
+        for name in placeholders(legend) {
+            assert!(result.iter().all(|s| s["metric"].get(&name).is_some()), "{where_}: legend `{legend}` names {name}, which `{q}` does not return: {result:?}");
         }
     }
     // Every alert rule is loaded from the generated config and evaluates without error.
@@ -177,12 +268,61 @@ fn a_real_prometheus_scrapes_every_process_of_a_live_run_through_the_generated_c
         let v = api(&listen, "/api/v1/rules").unwrap_or_default();
         let rules: Vec<Value> = v["data"]["groups"].as_array().map(|g| g.iter().flat_map(|g| g["rules"].as_array().cloned().unwrap_or_default()).collect()).unwrap_or_default();
         let evaluated = rules.iter().filter(|r| r["health"] == "ok" && !r["lastEvaluation"].as_str().unwrap_or("0001").starts_with("0001")).count();
-        if rules.len() == 10 && evaluated == 10 {
+        if rules.len() == 11 && evaluated == 11 {
+            // Each rule's compared series return data, with the labels its annotations name.
+            for r in &rules {
+                let (name, query) = (r["name"].as_str().unwrap(), r["query"].as_str().unwrap());
+                let annotations: String = r["annotations"].as_object().unwrap().values().filter_map(Value::as_str).collect::<Vec<_>>().join(" ");
+                for (k, signal) in signals(query).iter().enumerate() {
+                    let result = wait_for_data(&listen, signal, &format!("alert {name}"));
+                    if k == 0 {
+                        for label in placeholders(&annotations) {
+                            assert!(result.iter().all(|s| s["metric"].get(&label).is_some()), "alert {name}: its annotations name {label}, which `{signal}` does not return: {result:?}");
+                        }
+                    }
+                }
+            }
             break;
         }
         assert!(t0.elapsed() < Duration::from_secs(60), "rules not all loaded and healthy: {rules:?}");
         std::thread::sleep(Duration::from_millis(500));
     }
+    // `launcher report` reads the same figures as the dashboards: at every scrape
+    // of the RL phase, the controller's gauges equal the report's curve at that step.
+    let now = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap().as_secs_f64();
+    let range = |q: &str| -> Vec<(f64, f64)> {
+        let end = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap().as_secs_f64();
+        let path = format!("/api/v1/query_range?query={}&start={}&end={}&step=1", encode(q), now - 300.0, end);
+        let v = api(&listen, &path).unwrap_or_default();
+        let values = v["data"]["result"][0]["values"].as_array().cloned().unwrap_or_default();
+        values.iter().map(|p| (p[0].as_f64().unwrap(), p[1].as_str().unwrap().parse::<f64>().unwrap())).collect()
+    };
+    // At least three scrapes inside RL (every 5 s): wait for them.
+    let t0 = Instant::now();
+    let steps = loop {
+        let steps = range("rlmesh_learner_step{role=\"controller\"}");
+        let distinct: std::collections::BTreeSet<u64> = steps.iter().map(|(_, s)| *s as u64).filter(|s| *s > 0).collect();
+        if distinct.len() >= 3 {
+            break steps;
+        }
+        assert!(t0.elapsed() < Duration::from_secs(60), "fewer than 3 scrapes in RL: {distinct:?}");
+        std::thread::sleep(Duration::from_secs(1));
+    };
+    let report = launcher(&["report", run.to_str().unwrap(), "--json"]);
+    assert_eq!(code(&report), 0, "{}", stderr(&report));
+    let report: Value = serde_json::from_str(&stdout(&report)).unwrap();
+    let curves = &report["runs"][0]["curves"];
+    let mut compared = std::collections::BTreeSet::new();
+    for (gauge, curve) in [("rlmesh_trajectory_success{role=\"controller\",split=\"train\"}", "trajectory_success"), ("rlmesh_reward_mean{role=\"controller\"}", "reward_mean"), ("rlmesh_unnecessary_tool_rate{role=\"controller\",split=\"train\"}", "unnecessary_tool_rate")] {
+        let by_step: std::collections::HashMap<u64, f64> = curves[curve].as_array().unwrap_or_else(|| panic!("report has no {curve}: {report}")).iter().map(|p| (p[0].as_f64().unwrap() as u64, p[1].as_f64().unwrap())).collect();
+        let values: std::collections::HashMap<u64, f64> = range(gauge).into_iter().map(|(t, v)| (t as u64, v)).collect();
+        for (t, step) in &steps {
+            let (Some(value), Some(want)) = (values.get(&(*t as u64)).copied(), by_step.get(&(*step as u64)).filter(|_| *step > 0.0)) else { continue };
+            assert!((want - value).abs() <= 1e-12 * want.abs().max(1.0), "{gauge} at RL step {step}: Prometheus {value}, launcher report {want}");
+            compared.insert(*step as u64);
+        }
+    }
+    assert!(compared.len() >= 3, "report and dashboards compared at only {compared:?}");
     let down = launcher(&["down", "--run-dir", run.to_str().unwrap()]);
     assert_eq!(code(&down), 0, "{}", stderr(&down));
 

@@ -69,6 +69,7 @@ impl Driver {
     /// current version into each before its next request, and the group is
     /// formed again for the next version. The seconds are `None` then.
     pub(super) async fn publish(&mut self, version: u64, wait: bool) -> Result<Option<tokio::task::JoinHandle<Result<Option<f64>, String>>>, RunError> {
+        let started = std::time::Instant::now();
         self.current = Some(version);
         let targets = self.live();
         let remote_ids: std::collections::HashSet<ractor::ActorId> = self.remote_live().iter().map(|r| r.get_id()).collect();
@@ -86,10 +87,15 @@ impl Driver {
             let p = self.publisher.as_ref().expect("grouped");
             let image = if p.needs_image() { self.latest.clone() } else { None };
             let recovered = move |e: String| eprintln!("[driver] weight sync v{version} to the rollout processes failed ({e}); each that missed it gets it before its next request");
+            let metrics = self.metrics.clone();
             match p.publish(version, image).await {
                 Ok(acks) => waits.push(Box::pin(async move {
                     match acks.await {
-                        Ok(secs) => Ok(Some(secs)),
+                        Ok(sent) => {
+                            // Rank 0's broadcast: the send phase, on the controller's metrics.
+                            metrics.weight_sync_phase_seconds.with_label_values(&["send"]).observe(sent);
+                            Ok(Some(sent))
+                        }
                         Err(e) => {
                             recovered(e);
                             Ok(None)
@@ -112,15 +118,13 @@ impl Driver {
             }
             waits.push(Box::pin(async move { done_rx.await.map_err(|_| "weight-sync actor stopped".to_string())?.map(Some) }));
         }
-        self.metrics.policy_version.with_label_values(&["rollout"]).set(version as f64);
+        // Done when every receiver has acknowledged: the whole publication's seconds (None: it failed).
         let acks = async move {
-            let mut secs: Option<f64> = None;
+            let mut done = true;
             for w in waits {
-                if let Some(s) = w.await? {
-                    secs = Some(secs.map_or(s, |x| x.max(s)));
-                }
+                done &= w.await?.is_some();
             }
-            Ok(secs)
+            Ok(done.then(|| started.elapsed().as_secs_f64()))
         };
         if wait {
             if let Some(secs) = acks.await.map_err(actor_err("weight_sync"))? {

@@ -81,8 +81,12 @@ pub(super) struct StepPhases {
     pub(super) tools: f64,
     /// Scoring the groups in this process (0 when a reward process scored them on their way).
     pub(super) reward: f64,
+    /// The mean time the step's groups waited, scored, before the learner took them.
+    pub(super) queue_wait: f64,
     /// Advantages and the learner's step.
     pub(super) train: f64,
+    /// Of `train`, the learner's time in collectives with the other data-parallel ranks.
+    pub(super) all_reduce: f64,
     /// Publishing the new version (the wait `up` sees; finished background syncs are in `weight_sync_seconds`).
     pub(super) sync: f64,
 }
@@ -92,7 +96,7 @@ impl StepPhases {
     /// `rollout_actors` sharing the generation.
     pub(super) fn observe(&self, metrics: &Metrics, rollout_actors: usize) {
         metrics.step_seconds.observe(self.step_seconds);
-        let phases = [self.generate, self.tools, self.reward, self.train, self.sync];
+        let phases = [self.generate, self.tools, self.reward, self.queue_wait, self.train, self.all_reduce, self.sync];
         for (name, secs) in crate::metrics::STEP_PHASES.iter().zip(phases) {
             metrics.step_phase_seconds.with_label_values(&[name]).observe(secs);
         }
@@ -100,12 +104,13 @@ impl StepPhases {
         let idle = |busy: f64| (1.0 - busy / step).clamp(0.0, 1.0);
         metrics.idle_ratio.with_label_values(&["learner"]).set(idle(self.train));
         metrics.idle_ratio.with_label_values(&["rollout"]).set(idle((self.generate + self.tools) / rollout_actors.max(1) as f64));
+        metrics.idle_ratio.with_label_values(&["reward"]).set(idle(self.reward));
     }
 
     pub(super) fn record(&self, row: &mut Value) {
         row["step_seconds"] = json!(self.step_seconds);
         row["generated_tokens"] = json!(self.generated_tokens);
-        for (k, v) in [("generate", self.generate), ("tools", self.tools), ("reward", self.reward), ("train", self.train), ("sync", self.sync)] {
+        for (k, v) in [("generate", self.generate), ("tools", self.tools), ("reward", self.reward), ("queue_wait", self.queue_wait), ("train", self.train), ("all_reduce", self.all_reduce), ("sync", self.sync)] {
             row[format!("phase/{k}_seconds")] = json!(v);
         }
     }
@@ -114,6 +119,7 @@ impl StepPhases {
 /// One RL step's `metrics.jsonl` row (reward and its components, the rollout
 /// figures, the learner's statistics), also set on the step's gauges.
 pub(super) fn step_record(metrics: &Metrics, recipe: &Recipe, s: &StepFacts<'_>) -> Value {
+    let _whole_step = metrics.update();
     let (stats, admitted) = (s.stats, s.admitted);
     let f = figures(admitted);
     let reward_mean = admitted.iter().flat_map(|g| g.scores.iter().map(|s| s.total)).sum::<f64>() / (admitted.len() * recipe.rl.group_size) as f64;

@@ -57,7 +57,8 @@ pub(super) struct RlLoop<'a> {
     /// Groups whose work was lost, to send out first.
     retry: VecDeque<(u64, Task)>,
     inflight: JoinSet<Request>,
-    ready: VecDeque<ScoredGroup>,
+    /// Scored groups waiting for the learner, each with the time it was scored.
+    ready: VecDeque<(Instant, ScoredGroup)>,
     /// The next new group's training task (group id g is training task g).
     pub(super) cursor: usize,
     pub(super) step: u64,
@@ -86,6 +87,7 @@ impl<'a> RlLoop<'a> {
             false => None,
         };
         let now = Instant::now();
+        cx.metrics.staleness_bound.set(cx.recipe.mode().max_staleness() as f64);
         Ok(RlLoop {
             gate: Gate::new(cx.recipe.mode()),
             estimator: Advantages::of(cx.recipe),
@@ -145,7 +147,9 @@ impl<'a> RlLoop<'a> {
             }
             let gps = self.cx.recipe.rl.groups_per_step;
             while self.ready.len() >= gps && self.step < steps {
-                let batch: Vec<ScoredGroup> = self.ready.drain(..gps).collect();
+                let waited: Vec<(Instant, ScoredGroup)> = self.ready.drain(..gps).collect();
+                self.phases.queue_wait += waited.iter().map(|(scored, _)| scored.elapsed().as_secs_f64()).sum::<f64>() / gps as f64;
+                let batch: Vec<ScoredGroup> = waited.into_iter().map(|(_, g)| g).collect();
                 self.train_step(driver, status, batch).await?;
                 if (self.cx.stopping)() && self.step < steps {
                     return self.stop(driver, status).await;
@@ -187,14 +191,16 @@ impl<'a> RlLoop<'a> {
         self.phases.generated_tokens += res.generated_tokens;
         self.phases.generate += res.seconds - res.tool_seconds;
         self.phases.tools += res.tool_seconds;
-        self.cx.metrics.generated_tokens_total.with_label_values(&["rollout"]).inc_by(res.generated_tokens as u64);
+        let actor = if res.actor.is_empty() { "rollout" } else { res.actor.as_str() };
+        self.cx.metrics.generated_tokens_total.with_label_values(&[actor]).inc_by(res.generated_tokens as u64);
         let scoring = Instant::now();
         let scored = driver.score(res).await?;
         self.phases.reward += scoring.elapsed().as_secs_f64();
         for g in &scored {
             self.ledger.scored(g.group.group_id)?;
         }
-        self.ready.extend(scored);
+        let now = Instant::now();
+        self.ready.extend(scored.into_iter().map(|g| (now, g)));
         Ok(())
     }
 
@@ -215,6 +221,7 @@ impl<'a> RlLoop<'a> {
             .map_err(|e| RunError::Actor { actor: "learner", message: e.to_string() })?
             .map_err(actor_err("learner"))?;
         self.phases.train += training.elapsed().as_secs_f64();
+        self.phases.all_reduce += stats.allreduce_seconds;
         self.step += 1;
         let step = self.step;
         metrics.observe_rollouts(admitted.iter().flat_map(|g| &g.group.trajectories), &self.cx.tools);
@@ -240,7 +247,9 @@ impl<'a> RlLoop<'a> {
                 Err(e) => progress.line(format!("weight sync failed: {e}")),
             }
         }
+        // This step's: the answers received since the last record.
         let gen_tok_s = if self.gen_seconds > 0.0 { self.gen_tokens as f64 / self.gen_seconds } else { 0.0 };
+        (self.gen_tokens, self.gen_seconds) = (0, 0.0);
         self.phases.step_seconds = self.last_record.elapsed().as_secs_f64();
         self.last_record = Instant::now();
         let facts = StepFacts { step, version, stats: &stats, admitted: &admitted, gen_tok_s, max_stale, seconds: self.cx.t0.elapsed().as_secs_f64(), phases: &self.phases };
@@ -300,7 +309,7 @@ impl<'a> RlLoop<'a> {
                 }
             }
         }
-        for g in self.ready.drain(..) {
+        for (_, g) in self.ready.drain(..) {
             self.ledger.dropped(g.group.group_id, "run ended")?;
         }
         // A resumed run at its last step has groups to send out again and no step left to train them.

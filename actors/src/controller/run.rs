@@ -613,7 +613,7 @@ async fn run_processes(opts: RunOptions, learner_loss: LearnerLoss) -> Result<Su
         }
     }
     let metrics = Arc::new(Metrics::new());
-    let server = serve(metrics.registry(), opts.metrics_addr.as_str())
+    let server = serve(&metrics, opts.metrics_addr.as_str())
         .map_err(|e| RunError::Refused(format!("/metrics on {} (--metrics-addr, or the topology's ports.metrics): {e}", opts.metrics_addr)))?;
     let metrics_addr = server.local_addr().to_string();
     let (_lock, previous) = claim_run_dir(&dir, opts.resume)?;
@@ -763,6 +763,7 @@ async fn run_processes(opts: RunOptions, learner_loss: LearnerLoss) -> Result<Su
             panic_on_request: if i == 0 { opts.panic_rollout_on_request } else { None },
             requests: Arc::new(AtomicU64::new(0)),
             metrics: Some((*metrics).clone()),
+            label: format!("rollout-{i}"),
         })
         .collect();
     let (supervisor, _) = Actor::spawn(

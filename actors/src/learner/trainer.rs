@@ -58,6 +58,10 @@ pub struct StepStats {
     pub tokens_per_s: f64,
     /// Wall time of the call in seconds.
     pub seconds: f64,
+    /// Of `seconds`, the time in collectives with the other data-parallel
+    /// ranks (gradient all-reduce, counts, the parameter-digest check); 0 with one rank.
+    #[serde(default)]
+    pub allreduce_seconds: f64,
 }
 
 /// What a step optimises.
@@ -205,6 +209,8 @@ pub struct Learner {
     pub(crate) train_steps: u64,
     /// The gradient-norm clipping factor of the last optimizer step (1 when not clipped).
     grad_scale: f64,
+    /// Seconds spent in collectives during the current call.
+    comm_seconds: f64,
 }
 
 impl Learner {
@@ -244,6 +250,7 @@ impl Learner {
             kl_coef,
             train_steps: 0,
             grad_scale: 1.0,
+            comm_seconds: 0.0,
         };
         learner.verify_digest()?;
         Ok(learner)
@@ -446,6 +453,7 @@ impl Learner {
     /// The optimizer steps of one call: its statistics and the KL summed per sequence, averaged over sequences.
     fn run(&mut self, obj: Objective<'_>, epochs: usize, mini_batches: usize) -> Result<(StepStats, f64)> {
         let start = Instant::now();
+        self.comm_seconds = 0.0;
         let n = obj.len();
         let mut total = Sums::new();
         let (mut grad_norm, mut lr, mut steps, mut sequences) = (0.0, 0.0, 0u64, 0.0);
@@ -482,6 +490,7 @@ impl Learner {
             tokens: total.tokens as usize,
             tokens_per_s: total.tokens / seconds.max(1e-9),
             seconds,
+            allreduce_seconds: self.comm_seconds,
         };
         Ok((stats, total.kl / sequences.max(1.0)))
     }
@@ -490,7 +499,9 @@ impl Learner {
     fn optimizer_step(&mut self, obj: Objective<'_>, idx: &[usize]) -> Result<(Sums, f64, f64, f64)> {
         let mut counts = [idx.len() as f64, idx.iter().map(|&i| obj.masked(i) as f64).sum()];
         if let Some(dp) = &mut self.dp {
+            let t = Instant::now();
             dp.sum(&mut counts)?;
+            self.comm_seconds += t.elapsed().as_secs_f64();
         }
         let totals = BatchTotals { sequences: counts[0], tokens: counts[1], max_completion_length: self.config.max_completion_length as f64 };
         self.params.zero_grads();
@@ -505,7 +516,9 @@ impl Learner {
             self.params.accumulate_grads();
         }
         if let Some(dp) = &mut self.dp {
+            let t = Instant::now();
             dp.all_reduce_flat(&self.params.grads, self.config.bucket_bytes)?;
+            self.comm_seconds += t.elapsed().as_secs_f64();
         }
         let norm = self.params.grads.norm().double_value(&[]);
         // Clipping scales the gradient inside the update; the flat buffer keeps the unclipped sum.
@@ -526,7 +539,9 @@ impl Learner {
         let digest = self.parameter_digest()?;
         let mut local = sums.to_vec();
         local.extend([(digest >> 32) as f64, (digest & 0xFFFF_FFFF) as f64]);
+        let t = Instant::now();
         let all = self.dp.as_mut().expect("data-parallel").gather(&local)?;
+        self.comm_seconds += t.elapsed().as_secs_f64();
         let digests: Vec<u64> = all.iter().map(|v| ((v[Sums::LEN] as u64) << 32) | v[Sums::LEN + 1] as u64).collect();
         if digests.iter().any(|&d| d != digests[0]) {
             return Err(LearnerError::DigestMismatch { step: self.optim.step, digests });

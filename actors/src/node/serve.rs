@@ -116,11 +116,13 @@ struct Hosted {
     /// This process's member of the weight-sync group (replaced when the group is formed again).
     weights: Arc<std::sync::Mutex<Option<Arc<WeightGroup>>>>,
     /// Versions being received, in order (loaded one after the other by one task).
-    loads: Option<mpsc::UnboundedSender<(u64, Pending<WeightUpdate>)>>,
+    loads: Option<mpsc::UnboundedSender<(u64, std::time::Instant, Pending<WeightUpdate>)>>,
     /// Rank 0's snapshots to broadcast, in order.
     publishes: Option<mpsc::UnboundedSender<Publication>>,
     /// The address this process's ring listeners bind.
     listen: Option<IpAddr>,
+    /// This process's name (`node/process`).
+    process: String,
 }
 
 /// A version rank 0 broadcasts: its call, the snapshot to come, and the group to send it to.
@@ -156,7 +158,7 @@ pub async fn serve() -> Result<(), String> {
         Some(ip) => std::net::SocketAddr::new(ip, env.metrics_port).to_string(),
         None => format!("0.0.0.0:{}", env.metrics_port),
     };
-    let _server = serve_metrics(metrics.registry(), maddr.as_str()).map_err(|e| format!("/metrics on {maddr} (the topology's ports.metrics): {e}"))?;
+    let _server = serve_metrics(&metrics, maddr.as_str()).map_err(|e| format!("/metrics on {maddr} (the topology's ports.metrics): {e}"))?;
     let faults = crate::controller::topology::Faults::from_env()?;
     let ccfg = ControlConfig { cap: CONTROL_CAP, host: env.host.clone(), listen: env.listen, heartbeat: faults.heartbeat(), deadline: faults.deadline(), ..ControlConfig::default() };
     let mut control = ControlNode::<ControlMsg>::start(&env.process, env.control_port, &cookie, ccfg).await.map_err(|e| e.to_string())?;
@@ -185,7 +187,7 @@ pub async fn serve() -> Result<(), String> {
     tx.send(&env.controller, &ControlMsg::Hello(hello)).map_err(|e| e.to_string())?;
     eprintln!("[node] {}: joined the controller {} at {}", env.process, env.controller, env.controller_addr);
     metrics.peers_lost_total.with_label_values(&[&env.controller]);
-    let mut hosted = Hosted { listen: env.listen, ..Hosted::default() };
+    let mut hosted = Hosted { listen: env.listen, process: env.process.clone(), ..Hosted::default() };
     let (mut mirror, mut tick) = (RefusalMirror::default(), tokio::time::interval(Duration::from_secs(1)));
     let data_stats = inbox.stats();
     let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()).map_err(|e| e.to_string())?;
@@ -224,7 +226,7 @@ pub async fn serve() -> Result<(), String> {
                     ControlMsg::Regroup { spec, abort } => regroup(&hosted, &spec, abort, &cookie.to_hex()),
                     ControlMsg::Receive { id } => match (hosted.group(), &hosted.loads) {
                         (Some(g), Some(loads)) => {
-                            let _ = loads.send((id, g.receive()));
+                            let _ = loads.send((id, std::time::Instant::now(), g.receive()));
                         }
                         _ => {
                             let _ = tx.send(&env.controller, &ControlMsg::WeightsLoaded { id, result: Err("this process is in no weight-sync group".into()) });
@@ -276,6 +278,7 @@ async fn host(hosted: &mut Hosted, s: NodeSetup, cookie: &str, tx: &ControlSende
             panic_on_request: None,
             requests: Arc::new(AtomicU64::new(0)),
             metrics: Some(metrics.clone()),
+            label: hosted.process.clone(),
         };
         let (a, _) = Actor::spawn(None, RolloutActor, args).await.map_err(|e| format!("rollout actor: {e}"))?;
         hosted.rollout = Some(a);
@@ -292,13 +295,15 @@ async fn host(hosted: &mut Hosted, s: NodeSetup, cookie: &str, tx: &ControlSende
     }
     if let Some(rollout) = &hosted.rollout {
         // Receipts complete in broadcast order; one task loads them in that order, between requests.
-        let (ltx, mut lrx) = mpsc::unbounded_channel::<(u64, Pending<WeightUpdate>)>();
-        let (rollout, tx, controller) = (rollout.clone(), tx.clone(), controller.to_string());
+        let (ltx, mut lrx) = mpsc::unbounded_channel::<(u64, std::time::Instant, Pending<WeightUpdate>)>();
+        let (rollout, tx, controller, metrics) = (rollout.clone(), tx.clone(), controller.to_string(), metrics.clone());
         tokio::spawn(async move {
-            while let Some((id, pending)) = lrx.recv().await {
+            while let Some((id, asked, pending)) = lrx.recv().await {
                 let result = match pending.wait().await {
                     Err(e) => Err(e),
                     Ok(update) => {
+                        // From the controller's Receive to the whole version here.
+                        metrics.weight_sync_phase_seconds.with_label_values(&["receive"]).observe(asked.elapsed().as_secs_f64());
                         let (port, rx) = ractor::concurrency::oneshot();
                         match rollout.send_message(RolloutMsg::LoadWeights(update, port.into())) {
                             Err(e) => Err(format!("rollout actor: {e}")),

@@ -2,7 +2,7 @@
 //! generation requests with groups of trajectories and loading new versions.
 use super::{rollout_groups_timed, RolloutConfig};
 use crate::device::DeviceThread;
-use crate::weight_sync::{apply, WeightAck, WeightError, WeightUpdate};
+use crate::weight_sync::{load, verify, WeightAck, WeightError, WeightUpdate};
 use ractor::{Actor, ActorProcessingErr, ActorRef, RpcReplyPort};
 use rlmesh_core::tools::{ExecLimits, ToolRegistry};
 use rlmesh_core::{Group, Task};
@@ -48,6 +48,9 @@ pub struct RolloutResult {
     /// Of those, seconds spent executing tools and appending their results.
     #[serde(default)]
     pub tool_seconds: f64,
+    /// The actor that generated them (its process's name, or `rollout-I` in the controller's).
+    #[serde(default)]
+    pub actor: String,
     /// The groups scored on their way to the controller (a reward process
     /// scored them; `groups` is then empty); `None`: not scored yet.
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -84,6 +87,8 @@ pub struct RolloutArgs {
     pub requests: Arc<AtomicU64>,
     /// The process's metrics (refused versions are counted there), if it serves any.
     pub metrics: Option<crate::metrics::Metrics>,
+    /// Its name in metrics and results (`actor` label): its process's, or `rollout-I`.
+    pub label: String,
 }
 
 /// What the device thread owns.
@@ -130,6 +135,7 @@ impl Actor for RolloutActor {
                     panic!("injected fault: rollout actor dies on request {n}");
                 }
                 let mut cfg = state.args.config.clone();
+                let (metrics, actor) = (state.args.metrics.clone(), state.args.label.clone());
                 if req.purpose != Purpose::Train {
                     cfg.group_size = 1;
                 }
@@ -143,24 +149,38 @@ impl Actor for RolloutActor {
                         let (groups, timing) = rollout_groups_timed(&d.model, &d.tokenizer, &d.registry, &req.groups, &cfg, d.version, req.seed).map_err(|e| e.to_string())?;
                         let generated_tokens = groups.iter().flat_map(|g| &g.trajectories).map(|t| t.policy_tokens()).sum();
                         let seconds = t.elapsed().as_secs_f64();
-                        Ok(RolloutResult { groups, version: d.version, generated_tokens, seconds, tool_seconds: timing.tools_seconds, scored: None })
+                        if let Some(m) = &metrics {
+                            m.generate_seconds.with_label_values(&[&actor]).observe(seconds - timing.tools_seconds);
+                        }
+                        Ok(RolloutResult { groups, version: d.version, generated_tokens, seconds, tool_seconds: timing.tools_seconds, actor, scored: None })
                     })
                     .await?;
                 let _ = reply.send(out);
             }
             RolloutMsg::LoadWeights(update, reply) => {
-                let metrics = state.args.metrics.clone();
+                let (metrics, actor) = (state.args.metrics.clone(), state.args.label.clone());
                 let out = state
                     .device
                     .run(move |d| -> Result<WeightAck, String> {
-                        let ack = apply(&d.model, &update).map_err(|e| {
+                        let phase = |name: &str, t: std::time::Instant| {
+                            if let Some(m) = &metrics {
+                                m.weight_sync_phase_seconds.with_label_values(&[name]).observe(t.elapsed().as_secs_f64());
+                            }
+                        };
+                        let t = std::time::Instant::now();
+                        let received = verify(&update).map_err(|e| {
                             if let (WeightError::Digest { .. }, Some(m)) = (&e, &metrics) {
                                 m.weight_sync_digest_failures_total.inc();
                             }
                             e.to_string()
                         })?;
+                        phase("verify", t);
+                        let t = std::time::Instant::now();
+                        let ack = load(&d.model, &update, received).map_err(|e| e.to_string())?;
+                        phase("load", t);
                         if let Some(m) = &metrics {
-                            m.weight_sync_bytes_received_total.inc_by(update.image.len() as u64);
+                            m.weight_sync_received_bytes_total.inc_by(update.image.len() as u64);
+                            m.policy_version.with_label_values(&[&actor]).set(ack.version as f64);
                         }
                         d.version = ack.version;
                         Ok(ack)

@@ -111,11 +111,22 @@ pub fn pack(model: &Transformer, version: u64) -> WeightUpdate {
 
 /// Verify and load an update into a model.
 pub fn apply(model: &Transformer, update: &WeightUpdate) -> Result<WeightAck, WeightError> {
+    let received = verify(update)?;
+    load(model, update, received)
+}
+
+/// Checks every bucket's digest of the update against the sender's; returns the combined digest.
+pub fn verify(update: &WeightUpdate) -> Result<u64, WeightError> {
     let ours = BucketDigests::of(&update.image, update.buckets.bucket_bytes);
     let received = ours.combined();
     if let Some(bucket) = ours.first_mismatch(&update.buckets).or((received != update.digest).then_some(0)) {
         return Err(WeightError::Digest { version: update.version, bucket, sent: update.digest, received });
     }
+    Ok(received)
+}
+
+/// Loads a verified update (`received`: its digest, from [`verify`]) into a model.
+pub fn load(model: &Transformer, update: &WeightUpdate, received: u64) -> Result<WeightAck, WeightError> {
     let st = safetensors::SafeTensors::deserialize(&update.image)
         .map_err(|e| WeightError::Image { version: update.version, message: e.to_string() })?;
     let mut map = HashMap::new();

@@ -35,6 +35,11 @@ pub struct ReportArgs {
     /// Where the comparison's plots go (default: report/ next to the first run).
     #[arg(long)]
     out: Option<PathBuf>,
+    /// Print JSON instead of the table, and draw no plot: per run its state,
+    /// `summary.json`, and every plotted figure per RL step (the curves the
+    /// dashboards show from the same step records).
+    #[arg(long)]
+    json: bool,
 }
 
 /// The held-out figures a comparison shows, as `summary.json` names them.
@@ -89,6 +94,11 @@ struct Run {
 /// `launcher report`.
 pub fn run(a: ReportArgs) -> CliResult {
     let runs = a.run_dirs.iter().map(|d| load_run(d)).collect::<CliResult<Vec<_>>>()?;
+    if a.json {
+        let out: Vec<Value> = runs.iter().map(Run::to_json).collect();
+        println!("{}", serde_json::to_string_pretty(&serde_json::json!({ "runs": out })).expect("JSON"));
+        return Ok(());
+    }
     let font = register_font()?;
     let recipes = by_recipe(&runs);
     if runs.len() > 2 || recipes.len() < runs.len() {
@@ -204,6 +214,24 @@ impl Run {
         Some(match with.last() {
             Some(last) => format!("{} → {}", fmt_value(key, first), fmt_value(key, last)),
             None => fmt_value(key, first),
+        })
+    }
+
+    /// `--json`: the state, `summary.json`, and each plotted figure as `[[step, value], …]`.
+    fn to_json(&self) -> Value {
+        let mut curves = Map::new();
+        for (_, _, _, keys) in PLOTS {
+            for k in union_keys(self.metrics.iter(), |k, v| v.is_number() && keys.iter().any(|p| if p.ends_with('/') { k.starts_with(p) } else { k == *p })) {
+                let points: Vec<Value> = self.series(&k).into_iter().map(|(s, v)| serde_json::json!([s, v])).collect();
+                curves.insert(k, Value::Array(points));
+            }
+        }
+        serde_json::json!({
+            "dir": self.dir.display().to_string(),
+            "state": self.state(),
+            "steps_logged": self.metrics.len(),
+            "summary": self.summary.clone().map_or(Value::Null, Value::Object),
+            "curves": curves,
         })
     }
 
