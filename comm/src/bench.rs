@@ -120,9 +120,11 @@ impl BenchReport {
     }
 }
 
-/// One (receivers, size) weight-sync measurement.
+/// One (transport, receivers, size) weight-sync measurement.
 #[derive(Debug, Clone, serde::Serialize, serde::Deserialize)]
 pub struct WeightSyncResult {
+    /// How the bytes moved: `shm` (one shared segment, every rank on this host) or `ring` (TCP, relayed).
+    pub transport: String,
     /// Receiving processes (the world is one more: the sender).
     pub receivers: usize,
     /// Buffer size in bytes.
@@ -154,12 +156,13 @@ impl WeightSyncReport {
     /// A plain-text table.
     pub fn to_table(&self) -> String {
         let mut s = format!(
-            "CPU weight sync (bucketed broadcast + XXH3 per bucket, loopback TCP, {} CPUs), medians\n{:>9} {:>9} {:>9} {:>10} {:>8} {:>13} {:>7} {:>13}\n",
-            self.cpus, "receivers", "size", "bucket", "time_ms", "GB/s", "loopback_GB/s", "ratio", "digest_share"
+            "CPU weight sync (bucketed broadcast + XXH3 per bucket, {} CPUs), medians; ratio = GB/s to each receiver / loopback TCP copy\n{:>9} {:>9} {:>9} {:>9} {:>10} {:>8} {:>13} {:>7} {:>13}\n",
+            self.cpus, "transport", "receivers", "size", "bucket", "time_ms", "GB/s", "loopback_GB/s", "ratio", "digest_share"
         );
         for r in &self.results {
             s.push_str(&format!(
-                "{:>9} {:>6}MiB {:>6}MiB {:>10.2} {:>8.3} {:>13.3} {:>7.2} {:>12.1}%\n",
+                "{:>9} {:>9} {:>6}MiB {:>6}MiB {:>10.2} {:>8.3} {:>13.3} {:>7.2} {:>12.1}%\n",
+                r.transport,
                 r.receivers,
                 r.bytes / MIB,
                 r.bucket_bytes / MIB,
@@ -210,25 +213,33 @@ fn slowest_median(reports: &[WorkerReport], iters: usize, pick: impl Fn(&WorkerR
 
 /// The weight-sync benchmark: for each size the loopback copy bandwidth, then
 /// for each receiver count a bucketed broadcast from one sender process
-/// (`cfg.worlds` holds the receiver counts), each bucket digested on arrival.
+/// (`cfg.worlds` holds the receiver counts), each bucket digested on arrival,
+/// through a shared segment (the ranks are on this host) and along the TCP ring.
 pub fn bench_weight_sync(cfg: &BenchConfig, bucket_bytes: usize) -> Result<WeightSyncReport> {
     let mut results = Vec::new();
     for &bytes in &cfg.sizes {
         let loop_gbps = loopback_copy_bandwidth(bytes, cfg.block_bytes, (cfg.iters + cfg.warmup).max(3))? / 1e9;
-        for &receivers in &cfg.worlds {
+        for (&receivers, ring_only) in cfg.worlds.iter().flat_map(|r| [(r, false), (r, true)]) {
             let reports = run_reports(cfg, receivers + 1, &format!("{bytes} bytes"), |a| {
                 a.op = WorkerOp::WeightSync;
                 a.dtype = DType::F32;
                 a.len = bytes / 4;
                 a.bucket_bytes = bucket_bytes;
+                a.ring_only = ring_only;
             })?;
+            let shared = reports.iter().all(|r| r.shared_memory);
+            if !ring_only && !shared {
+                // The ranks could not share a segment: the ring row is the figure.
+                continue;
+            }
             let t = slowest_median(&reports, cfg.iters, |r, i| r.times_s.get(i).copied().unwrap_or(f64::NAN));
             let share = slowest_median(&reports, cfg.iters, |r, i| match (r.digest_times_s.get(i), r.times_s.get(i)) {
                 (Some(d), Some(t)) if *t > 0.0 => d / t,
                 _ => f64::NAN,
             });
             let gbps = bytes as f64 / t / 1e9;
-            results.push(WeightSyncResult { receivers, bytes, bucket_bytes, median_s: t, gbps, loopback_gbps: loop_gbps, ratio: gbps / loop_gbps, digest_share: share });
+            let transport = if shared { "shm" } else { "ring" }.to_string();
+            results.push(WeightSyncResult { transport, receivers, bytes, bucket_bytes, median_s: t, gbps, loopback_gbps: loop_gbps, ratio: gbps / loop_gbps, digest_share: share });
         }
     }
     Ok(WeightSyncReport { cpus: std::thread::available_parallelism().map(|n| n.get()).unwrap_or(1), results })

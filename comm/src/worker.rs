@@ -147,6 +147,8 @@ pub struct WorkerArgs {
     pub stall_after: Option<usize>,
     /// `weight-sync` only: the last rank flips a byte of this bucket after receiving it (tests).
     pub corrupt_bucket: Option<usize>,
+    /// Broadcast along the ring even when the ranks could share memory.
+    pub ring_only: bool,
 }
 
 impl WorkerArgs {
@@ -176,6 +178,7 @@ impl WorkerArgs {
             die_after: None,
             stall_after: None,
             corrupt_bucket: None,
+            ring_only: false,
         }
     }
 
@@ -224,6 +227,7 @@ impl WorkerArgs {
                 "--die-after" => a.die_after = Some(num(&flag, it.next())?),
                 "--stall-after" => a.stall_after = Some(num(&flag, it.next())?),
                 "--corrupt-bucket" => a.corrupt_bucket = Some(num(&flag, it.next())?),
+                "--ring-only" => a.ring_only = true,
                 other => return Err(CommError::Usage(format!("unknown flag {other:?}"))),
             }
         }
@@ -284,6 +288,9 @@ impl WorkerArgs {
         if self.random {
             v.push("--random".into());
         }
+        if self.ring_only {
+            v.push("--ring-only".into());
+        }
         if let Some(o) = &self.out {
             v.push("--out".into());
             v.push(o.display().to_string());
@@ -326,6 +333,9 @@ pub struct WorkerReport {
     pub digest: String,
     /// Whether `--check` verified every iteration.
     pub checked: bool,
+    /// Whether broadcasts went through shared memory (every rank on this host).
+    #[serde(default)]
+    pub shared_memory: bool,
 }
 
 /// Test data: element `i` of rank `r` is `(i mod 17) + 20·r`.
@@ -405,7 +415,8 @@ pub fn run_worker(args: &WorkerArgs) -> Result<WorkerReport> {
         .cookie(args.cookie.clone())
         .timeout(args.timeout)
         .connect_timeout(args.connect_timeout)
-        .block_bytes(args.block_bytes);
+        .block_bytes(args.block_bytes)
+        .shared_memory(!args.ring_only);
     let mut comm = RingComm::connect(cfg)?;
     match args.dtype {
         DType::F32 => run_typed::<f32>(args, &mut comm),
@@ -556,5 +567,6 @@ fn run_typed<T: Element>(args: &WorkerArgs, comm: &mut RingComm) -> Result<Worke
         digest_times_s: digest_times,
         digest: digest(bytes),
         checked: args.check,
+        shared_memory: comm.shares_memory(),
     })
 }

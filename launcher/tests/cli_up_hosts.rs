@@ -109,6 +109,8 @@ fn a_three_host_run_over_ssh_trains_every_group_once() {
     for i in [1, 2] {
         let log = std::fs::read_to_string(run.join(format!("logs/h{i}_rollout-{}.log", i - 1))).unwrap();
         assert!(log.contains("joined the controller"), "h{i}'s log: {log}");
+        // Hosts have their own /dev/shm: versions cross between them on the TCP ring.
+        assert!(log.contains("receives versions along the TCP ring"), "h{i}'s log: {log}");
         // The remote process left with the run: nothing of ours is still running on that host.
         let pid = status["processes"][i]["pid"].as_u64().unwrap() as u32;
         assert!(!hosts.pids(i).contains(&pid), "h{i}: rollout process {pid} outlived the run");

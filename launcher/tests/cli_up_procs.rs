@@ -182,6 +182,9 @@ fn two_learner_ranks_in_their_own_processes_train_like_one() {
     let status: Value = serde_json::from_str(&std::fs::read_to_string(b.join("status.json")).unwrap()).unwrap();
     let rollout = status["processes"].as_array().unwrap().iter().find(|p| p["roles"][0] == "rollout").unwrap();
     assert_eq!(rollout["version"], status["version"], "{status}");
+    // On one host the group shares a segment instead of relaying along the ring.
+    let log = std::fs::read_to_string(b.join("logs/local_rollout-0.log")).unwrap();
+    assert!(log.contains("receives versions through shared memory"), "{log}");
     assert_no_nodes_left(&b);
 }
 

@@ -8,8 +8,9 @@
 //! generating while the next version arrives; the receiver checks the digests
 //! when its rollout actor loads the version, between two requests. On CPU the
 //! collective is `comm`'s TCP ring (every byte crosses each process once,
-//! pipelined in blocks); with GPUs it is meant to be NCCL with rank 0's id
-//! sent over the control plane (not built yet).
+//! pipelined in blocks, or one shared-memory segment when every member is on
+//! one host); with GPUs it is meant to be NCCL with rank 0's id sent over the
+//! control plane (not built yet).
 use crate::weight_sync::WeightUpdate;
 use rlmesh_comm::digest::BucketDigests;
 use rlmesh_comm::cpu::RingAbort;
@@ -92,6 +93,8 @@ impl WeightGroup {
             .spawn(move || {
                 let mut comm = RingComm::connect(cfg).map_err(|e| format!("weight-sync group (epoch {epoch}), rank {rank}: {e}"));
                 if let Ok(c) = &comm {
+                    let how = if c.shares_memory() { "through shared memory (every member on this host)" } else { "along the TCP ring" };
+                    eprintln!("[weights] group epoch {epoch} formed: rank {rank} receives versions {how}");
                     *aborts.handle.lock().expect("abort lock") = c.abort_handle().ok();
                     if aborts.asked.load(Ordering::SeqCst) {
                         comm = Err(format!("the weight-sync group (epoch {epoch}) was aborted"));

@@ -15,6 +15,7 @@
 
 mod rendezvous;
 mod ring;
+pub mod shm;
 pub mod wire;
 
 pub use ring::{RingAbort, RingComm};
@@ -51,6 +52,9 @@ pub struct RingConfig {
     /// The address this rank's ring listener binds (its host's); `None`: the
     /// rendezvous's loopback when it is on loopback, else every interface.
     pub bind: Option<std::net::IpAddr>,
+    /// Broadcast through a shared-memory segment when every rank can map it
+    /// (all on one host; see [`shm`]); otherwise, or when false, along the ring.
+    pub shared_memory: bool,
 }
 
 impl RingConfig {
@@ -65,6 +69,7 @@ impl RingConfig {
             connect_timeout: DEFAULT_CONNECT_TIMEOUT,
             block_bytes: DEFAULT_BLOCK_BYTES,
             bind: None,
+            shared_memory: true,
         }
     }
 
@@ -89,6 +94,12 @@ impl RingConfig {
     /// Sets the pipelining block size in bytes.
     pub fn block_bytes(mut self, b: usize) -> Self {
         self.block_bytes = b.max(64);
+        self
+    }
+
+    /// Broadcasts through shared memory when every rank can (the default), or always along the ring.
+    pub fn shared_memory(mut self, on: bool) -> Self {
+        self.shared_memory = on;
         self
     }
 

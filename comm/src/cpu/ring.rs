@@ -33,6 +33,7 @@ use std::sync::mpsc;
 use std::time::Duration;
 
 use super::rendezvous::{rendezvous, RingLinks};
+use super::shm::{self, Segment};
 use super::wire::{self, OpHeader, OpKind, HEADER_LEN};
 use super::RingConfig;
 use crate::buffer::{as_bytes, as_bytes_mut, Bf16, Buf, DType, Element, Memory};
@@ -51,6 +52,8 @@ pub struct RingComm {
     block_bytes: usize,
     seq: u64,
     poisoned: Option<String>,
+    /// The shared segment broadcasts go through, when every rank mapped it.
+    shm: Option<Segment>,
 }
 
 /// Aborts a [`RingComm`] from any thread ([`RingComm::abort_handle`]).
@@ -96,7 +99,7 @@ impl RingComm {
             });
         }
         let links = if cfg.world == 1 { None } else { Some(rendezvous(&cfg)?) };
-        Ok(RingComm {
+        let mut comm = RingComm {
             rank: cfg.rank,
             world: cfg.world,
             links,
@@ -104,7 +107,87 @@ impl RingComm {
             block_bytes: cfg.block_bytes.max(64),
             seq: 0,
             poisoned: None,
-        })
+            shm: None,
+        };
+        if cfg.shared_memory && cfg.world > 1 {
+            comm.shm = comm.probe_shared_memory()?;
+        }
+        Ok(comm)
+    }
+
+    /// Whether broadcasts go through shared memory (every rank on one host).
+    pub fn shares_memory(&self) -> bool {
+        self.shm.is_some()
+    }
+
+    /// Rank 0 makes a segment and sends its name and nonce along the ring;
+    /// every rank opens it; all use it only if every rank could (see [`shm`]).
+    fn probe_shared_memory(&mut self) -> Result<Option<Segment>> {
+        const NAME: usize = 256;
+        let mut msg = [0u8; NAME + shm::NONCE_BYTES];
+        let mut mine: Option<Segment> = None;
+        let mut made: Option<std::path::PathBuf> = None;
+        if self.rank == 0 {
+            if let Ok((seg, path, nonce)) = shm::nonce().and_then(|n| Segment::create(&n).map(|(s, p)| (s, p, n))) {
+                let name = path.as_os_str().as_encoded_bytes();
+                if name.len() < NAME {
+                    msg[..name.len()].copy_from_slice(name);
+                    msg[NAME..].copy_from_slice(&nonce);
+                    mine = Some(seg);
+                }
+                made = Some(path);
+            }
+        }
+        let got = self.guarded(|c| c.ring_broadcast(&mut msg, 0));
+        if let Err(e) = got {
+            if let Some(p) = &made {
+                shm::unlink(p);
+            }
+            return Err(e);
+        }
+        if self.rank != 0 {
+            let end = msg[..NAME].iter().position(|&b| b == 0).unwrap_or(NAME);
+            let nonce: [u8; shm::NONCE_BYTES] = msg[NAME..].try_into().expect("nonce bytes");
+            if end > 0 {
+                let path = std::path::PathBuf::from(std::ffi::OsStr::new(std::str::from_utf8(&msg[..end]).unwrap_or("")));
+                mine = Segment::open(&path, &nonce).ok();
+            }
+        }
+        let mut able = [if mine.is_some() { 1.0f32 } else { 0.0 }];
+        let agreed = self.guarded(|c| c.ring(&mut able, true, true, ReduceOp::Sum));
+        if let Some(p) = &made {
+            shm::unlink(p);
+        }
+        agreed?;
+        Ok(if able[0] as usize == self.world { mine } else { None })
+    }
+
+    /// A barrier inside a collective (no header: the caller exchanged one).
+    fn sync(&mut self) -> Result<()> {
+        let mut tokens = vec![1.0f32; self.world];
+        self.ring(&mut tokens, true, true, ReduceOp::Sum)
+    }
+
+    /// Broadcast through the shared segment: the root writes, a barrier, the
+    /// others read, a barrier (the segment may then be written again).
+    fn shm_broadcast(&mut self, bytes: &mut [u8], root: usize) -> Result<()> {
+        let mut seg = self.shm.take().expect("shared memory");
+        let (rank, n) = (self.rank, bytes.len());
+        let io = |e: std::io::Error| CommError::Io { rank, peer: root, what: "mapping the shared broadcast segment of".into(), source: e };
+        let r = (|| {
+            if rank == root {
+                seg.grow(n).map_err(io)?;
+                seg.bytes(n).copy_from_slice(bytes);
+            }
+            self.sync()?;
+            if rank != root {
+                seg.map(n).map_err(io)?;
+                bytes.copy_from_slice(seg.bytes(n));
+            }
+            self.sync()
+        })();
+        self.shm = Some(seg);
+        r
     }
 
     /// A handle that aborts this communicator from another thread (the CPU
@@ -129,6 +212,7 @@ impl RingComm {
             block_bytes: super::DEFAULT_BLOCK_BYTES,
             seq: 0,
             poisoned: None,
+            shm: None,
         }
     }
 
@@ -401,7 +485,11 @@ impl Collective for RingComm {
                 DType::F64 => as_bytes_mut(buf.host_slice::<f64>().expect("host f64")),
                 DType::Bf16 => as_bytes_mut(buf.host_slice::<Bf16>().expect("host bf16")),
             };
-            c.ring_broadcast(bytes, root)
+            if c.shm.is_some() {
+                c.shm_broadcast(bytes, root)
+            } else {
+                c.ring_broadcast(bytes, root)
+            }
         })
     }
 

@@ -42,8 +42,10 @@ struct WeightSyncArgs {
     /// Weight buffer sizes in MiB (the tiny policy is ~4 MiB in float32, SmolLM2-135M ~540 MiB).
     #[arg(long, value_delimiter = ',', default_values_t = vec![16, 256])]
     mib: Vec<usize>,
-    /// Bucket size in MiB.
-    #[arg(long, default_value_t = 8)]
+    /// Bucket size in MiB: each bucket is one broadcast, digested on arrival.
+    /// 64 by default (slime sends 512 MiB buckets, verl 2 GiB): per-bucket
+    /// barriers dominate small ones on a shared segment.
+    #[arg(long, default_value_t = 64)]
     bucket_mib: usize,
     /// Timed iterations per configuration (the median is reported).
     #[arg(long, default_value_t = 5)]

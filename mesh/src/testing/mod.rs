@@ -412,8 +412,9 @@ impl TestHosts {
             )?;
             let log = self.dir.join(format!("sshd_{}.log", h.name));
             let child = Command::new("ip")
-                .args(["netns", "exec", &h.namespace, "unshare", "--uts", "--", "sh", "-c"])
-                .arg("hostname \"$1\" && exec \"$2\" -D -f \"$3\" -E \"$4\"")
+                .args(["netns", "exec", &h.namespace, "unshare", "--uts", "--mount", "--", "sh", "-c"])
+                // A /dev/shm of its own, as a real host has: what its sessions start cannot map another host's segments.
+                .arg("mount -t tmpfs -o mode=1777 rlmesh-test-shm /dev/shm && hostname \"$1\" && exec \"$2\" -D -f \"$3\" -E \"$4\"")
                 .arg("sh")
                 .arg(&h.name)
                 .arg(&sshd)

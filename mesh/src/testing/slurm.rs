@@ -233,7 +233,8 @@ impl TestSlurm {
             let c = Command::new("nsenter")
                 .arg(format!("--net=/run/netns/{ns}"))
                 .args(["--", "unshare", "--mount", "--uts", "--", "sh", "-c"])
-                .arg("mount --bind \"$0\" /etc/hosts && hostname \"$1\" && exec \"$2\" -D -f \"$3\"")
+                // A /dev/shm of its own, as a real host has: job steps here cannot map another host's segments.
+                .arg("mount --bind \"$0\" /etc/hosts && mount -t tmpfs -o mode=1777 rlmesh-test-shm /dev/shm && hostname \"$1\" && exec \"$2\" -D -f \"$3\"")
                 .arg(format!("/etc/netns/{ns}/hosts"))
                 .arg(format!("h{i}"))
                 .arg(sbin("slurmd").expect("checked"))
