@@ -186,7 +186,7 @@ metrics! {
     generate_seconds: HistogramVec["actor"] buckets prometheus::exponential_buckets(0.005, 2.0, 14).expect("valid buckets") => "rlmesh_generate_seconds",
         "Seconds each rollout request spent generating (prefill and decode, tool execution excluded), per rollout actor.";
     weight_sync_phase_seconds: HistogramVec["phase"] buckets prometheus::exponential_buckets(0.0005, 4.0, 11).expect("valid buckets") => "rlmesh_weight_sync_phase_seconds",
-        "Seconds of each policy version per phase where this process did it: send (rank 0's broadcast to the group), receive (a rollout process receiving it), verify (checking every bucket's digest), load (into the rollout actor's model).";
+        "Seconds of each policy version per phase where this process did it: send (rank 0's broadcast to the group), receive (a rollout process receiving it), verify (hashing every bucket and comparing with the sender's digests; across processes the hashing is fused into the receive, whose seconds include it), load (into the rollout actor's model).";
     weight_sync_digest_failures_total: IntCounter => "rlmesh_weight_sync_digest_failures_total",
         "Policy versions this process refused because a bucket's digest did not match the sender's.";
     weight_sync_received_bytes_total: IntCounter => "rlmesh_weight_sync_received_bytes_total",

@@ -382,22 +382,27 @@ pub fn worker_main(args: impl IntoIterator<Item = String>) -> ExitCode {
     }
 }
 
-/// One weight sync of `data` from the root: bucket by bucket, each bucket
-/// digested (XXH3) on arrival, then the root's digests broadcast and compared
-/// (in a run they travel on the control plane). Returns the seconds spent digesting.
+/// One weight sync of `data` from the root: bucket by bucket, each piece
+/// digested (XXH3) as it passes (fused into the copy, see
+/// [`RingComm::broadcast_bytes_with`]), then the root's digests broadcast and
+/// compared (in a run they travel in the version's header). Returns the
+/// seconds spent digesting. `--corrupt-bucket` flips a byte of that bucket as
+/// it arrives at the last rank, before it is hashed: corruption in transit.
 fn weight_sync<T: Element>(args: &WorkerArgs, comm: &mut RingComm, data: &mut [T]) -> Result<f64> {
     let per = (args.bucket_bytes / T::DTYPE.size()).max(1);
-    let mut digest_s = 0.0;
-    let mut ours = Vec::with_capacity(data.len().div_ceil(per));
+    let corrupts = args.rank + 1 == args.world && args.rank != args.root;
+    let mut hasher = crate::digest::BucketHasher::new(per * T::DTYPE.size());
     for (b, bucket) in data.chunks_mut(per).enumerate() {
-        comm.broadcast_slice(bucket, args.root)?;
-        if args.corrupt_bucket == Some(b) && args.rank + 1 == args.world && args.rank != args.root {
-            crate::buffer::as_bytes_mut(bucket)[0] ^= 0x01;
-        }
-        let t = Instant::now();
-        ours.push(crate::digest::bucket_digest(as_bytes(bucket)));
-        digest_s += t.elapsed().as_secs_f64();
+        let mut first = corrupts && args.corrupt_bucket == Some(b);
+        comm.broadcast_bytes_with(crate::buffer::as_bytes_mut(bucket), args.root, &mut |piece| {
+            if std::mem::take(&mut first) {
+                piece[0] ^= 0x01;
+            }
+            hasher.update(piece);
+        })?;
     }
+    let digest_s = hasher.seconds();
+    let ours = hasher.finish().digests;
     let mut roots: Vec<f64> = ours.iter().map(|d| f64::from_bits(*d)).collect();
     comm.broadcast_slice(&mut roots, args.root)?;
     if let Some(b) = ours.iter().zip(&roots).position(|(o, r)| *o != r.to_bits()) {

@@ -11,10 +11,10 @@
 //! pipelined in blocks, or one shared-memory segment when every member is on
 //! one host); with GPUs it is meant to be NCCL with rank 0's id sent over the
 //! control plane (not built yet).
-use crate::weight_sync::WeightUpdate;
-use rlmesh_comm::digest::BucketDigests;
+use crate::weight_sync::{Arrived, WeightUpdate};
+use rlmesh_comm::digest::{BucketDigests, BucketHasher};
 use rlmesh_comm::cpu::RingAbort;
-use rlmesh_comm::{Buf, Collective, RingComm, RingConfig};
+use rlmesh_comm::{RingComm, RingConfig};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use serde::{Deserialize, Serialize};
@@ -187,15 +187,16 @@ fn send(c: &mut RingComm, update: WeightUpdate) -> Result<f64, String> {
     let mut h = vec![0u8; HEADER_BYTES];
     h[..8].copy_from_slice(&(header.len() as u64).to_le_bytes());
     h[8..8 + header.len()].copy_from_slice(&header);
-    broadcast_bytes(c, &mut h).map_err(|e| format!("weight header broadcast: {e}"))?;
+    c.broadcast_bytes_with(&mut h, 0, &mut |_| ()).map_err(|e| format!("weight header broadcast: {e}"))?;
+    // Rank 0 digested the image when it packed it.
     let mut image = update.image;
-    broadcast_bytes(c, &mut image).map_err(|e| format!("weight broadcast v{}: {e}", update.version))?;
+    c.broadcast_bytes_with(&mut image, 0, &mut |_| ()).map_err(|e| format!("weight broadcast v{}: {e}", update.version))?;
     Ok(t0.elapsed().as_secs_f64())
 }
 
 fn receive(c: &mut RingComm) -> Result<WeightUpdate, String> {
     let mut h = vec![0u8; HEADER_BYTES];
-    broadcast_bytes(c, &mut h).map_err(|e| format!("weight header broadcast: {e}"))?;
+    c.broadcast_bytes_with(&mut h, 0, &mut |_| ()).map_err(|e| format!("weight header broadcast: {e}"))?;
     let n = u64::from_le_bytes(h[..8].try_into().expect("8 bytes")) as usize;
     if n + 8 > HEADER_BYTES {
         return Err(format!("weight header claims {n} bytes"));
@@ -206,16 +207,9 @@ fn receive(c: &mut RingComm) -> Result<WeightUpdate, String> {
         return Err(format!("weight header claims {} bytes of weights", header.buckets.len));
     }
     let mut image = vec![0u8; header.buckets.len];
-    broadcast_bytes(c, &mut image).map_err(|e| format!("weight broadcast v{}: {e}", header.version))?;
-    Ok(WeightUpdate { version: header.version, digest: header.digest, buckets: header.buckets, image })
-}
-
-/// Broadcasts bytes from rank 0 (the collective moves float32 words: the bytes
-/// travel in a word buffer, the last word zero-padded).
-fn broadcast_bytes(c: &mut RingComm, bytes: &mut [u8]) -> rlmesh_comm::Result<()> {
-    let mut words = vec![0f32; bytes.len().div_ceil(4)];
-    rlmesh_comm::buffer::as_bytes_mut(&mut words)[..bytes.len()].copy_from_slice(bytes);
-    c.broadcast(Buf::host(&mut words), 0)?;
-    bytes.copy_from_slice(&rlmesh_comm::buffer::as_bytes(&words)[..bytes.len()]);
-    Ok(())
+    // Each piece is hashed as it is copied in, while it is in cache.
+    let mut hasher = BucketHasher::new(header.buckets.bucket_bytes);
+    c.broadcast_digested(&mut image, 0, &mut hasher).map_err(|e| format!("weight broadcast v{}: {e}", header.version))?;
+    let arrived = Arrived { seconds: hasher.seconds(), digests: hasher.finish() };
+    Ok(WeightUpdate { version: header.version, digest: header.digest, buckets: header.buckets, image, arrived: Some(arrived) })
 }

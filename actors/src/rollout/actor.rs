@@ -162,9 +162,11 @@ impl Actor for RolloutActor {
                 let out = state
                     .device
                     .run(move |d| -> Result<WeightAck, String> {
-                        let phase = |name: &str, t: std::time::Instant| {
+                        // Digests hashed while the version arrived count as verification.
+                        let hashed = update.arrived.as_ref().map_or(0.0, |a| a.seconds);
+                        let phase = |name: &str, t: std::time::Instant, before: f64| {
                             if let Some(m) = &metrics {
-                                m.weight_sync_phase_seconds.with_label_values(&[name]).observe(t.elapsed().as_secs_f64());
+                                m.weight_sync_phase_seconds.with_label_values(&[name]).observe(before + t.elapsed().as_secs_f64());
                             }
                         };
                         let t = std::time::Instant::now();
@@ -174,10 +176,10 @@ impl Actor for RolloutActor {
                             }
                             e.to_string()
                         })?;
-                        phase("verify", t);
+                        phase("verify", t, hashed);
                         let t = std::time::Instant::now();
                         let ack = load(&d.model, &update, received).map_err(|e| e.to_string())?;
-                        phase("load", t);
+                        phase("load", t, 0.0);
                         if let Some(m) = &metrics {
                             m.weight_sync_received_bytes_total.inc_by(update.image.len() as u64);
                             m.policy_version.with_label_values(&[&actor]).set(ack.version as f64);

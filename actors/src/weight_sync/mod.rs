@@ -31,6 +31,20 @@ pub struct WeightUpdate {
     pub buckets: BucketDigests,
     /// The parameters as one safetensors file (float32).
     pub image: Vec<u8>,
+    /// The digests this process computed of `image` as it arrived (a receiver
+    /// of the weight-sync group hashes each piece while copying it in), so
+    /// that checking it need not read the image again. Never sent.
+    #[serde(skip)]
+    pub arrived: Option<Arrived>,
+}
+
+/// Digests computed of an image while it arrived, and the seconds they took.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Arrived {
+    /// The image's bucket digests, as this process received its bytes.
+    pub digests: BucketDigests,
+    /// Seconds spent hashing (inside the receive).
+    pub seconds: f64,
 }
 
 /// A receiver's answer to a [`WeightUpdate`].
@@ -106,7 +120,7 @@ pub fn pack(model: &Transformer, version: u64) -> WeightUpdate {
         .collect();
     let image = safetensors::tensor::serialize(host.iter().map(|(n, h)| (n.as_str(), h)), None).expect("in-memory safetensors");
     let buckets = BucketDigests::of(&image, WEIGHT_BUCKET_BYTES);
-    WeightUpdate { version, digest: buckets.combined(), buckets, image }
+    WeightUpdate { version, digest: buckets.combined(), buckets, image, arrived: None }
 }
 
 /// Verify and load an update into a model.
@@ -115,9 +129,14 @@ pub fn apply(model: &Transformer, update: &WeightUpdate) -> Result<WeightAck, We
     load(model, update, received)
 }
 
-/// Checks every bucket's digest of the update against the sender's; returns the combined digest.
+/// Checks every bucket's digest of the update against the sender's (hashing
+/// the image unless its digests were computed as it arrived, in buckets of the
+/// sender's size); returns the combined digest.
 pub fn verify(update: &WeightUpdate) -> Result<u64, WeightError> {
-    let ours = BucketDigests::of(&update.image, update.buckets.bucket_bytes);
+    let ours = match &update.arrived {
+        Some(a) if a.digests.bucket_bytes == update.buckets.bucket_bytes && a.digests.len == update.image.len() => a.digests.clone(),
+        _ => BucketDigests::of(&update.image, update.buckets.bucket_bytes),
+    };
     let received = ours.combined();
     if let Some(bucket) = ours.first_mismatch(&update.buckets).or((received != update.digest).then_some(0)) {
         return Err(WeightError::Digest { version: update.version, bucket, sent: update.digest, received });

@@ -138,7 +138,7 @@ impl RingComm {
                 made = Some(path);
             }
         }
-        let got = self.guarded(|c| c.ring_broadcast(&mut msg, 0));
+        let got = self.guarded(|c| c.ring_broadcast(&mut msg, 0, &mut |_| ()));
         if let Err(e) = got {
             if let Some(p) = &made {
                 shm::unlink(p);
@@ -169,20 +169,28 @@ impl RingComm {
     }
 
     /// Broadcast through the shared segment: the root writes, a barrier, the
-    /// others read, a barrier (the segment may then be written again).
-    fn shm_broadcast(&mut self, bytes: &mut [u8], root: usize) -> Result<()> {
+    /// others read, a barrier (the segment may then be written again). The
+    /// copies go in pieces of [`PIECE_BYTES`], each handed to `each` while it
+    /// is in cache (see [`RingComm::broadcast_bytes_with`]).
+    fn shm_broadcast(&mut self, bytes: &mut [u8], root: usize, each: &mut dyn FnMut(&mut [u8])) -> Result<()> {
         let mut seg = self.shm.take().expect("shared memory");
         let (rank, n) = (self.rank, bytes.len());
         let io = |e: std::io::Error| CommError::Io { rank, peer: root, what: "mapping the shared broadcast segment of".into(), source: e };
         let r = (|| {
             if rank == root {
                 seg.grow(n).map_err(io)?;
-                seg.bytes(n).copy_from_slice(bytes);
+                for (src, dst) in bytes.chunks_mut(PIECE_BYTES).zip(seg.bytes(n).chunks_mut(PIECE_BYTES)) {
+                    dst.copy_from_slice(src);
+                    each(src);
+                }
             }
             self.sync()?;
             if rank != root {
                 seg.map(n).map_err(io)?;
-                bytes.copy_from_slice(seg.bytes(n));
+                for (dst, src) in bytes.chunks_mut(PIECE_BYTES).zip(seg.bytes(n).chunks(PIECE_BYTES)) {
+                    dst.copy_from_slice(src);
+                    each(dst);
+                }
             }
             self.sync()
         })();
@@ -427,8 +435,10 @@ impl RingComm {
         }
     }
 
-    /// Broadcast along the ring starting at `root`, block by block, in place.
-    fn ring_broadcast(&mut self, bytes: &mut [u8], root: usize) -> Result<()> {
+    /// Broadcast along the ring starting at `root`, block by block, in place;
+    /// `each` sees every block as it passes (before it leaves the root, once
+    /// it has arrived elsewhere).
+    fn ring_broadcast(&mut self, bytes: &mut [u8], root: usize, each: &mut dyn FnMut(&mut [u8])) -> Result<()> {
         let (p, rank, next_rank, prev_rank, timeout) = (self.world, self.rank, self.next_rank(), self.prev_rank(), self.timeout);
         let links = self.links.as_ref().expect("world > 1 has links");
         let (mut next, mut prev): (&TcpStream, &TcpStream) = (&links.next, &links.prev);
@@ -443,10 +453,47 @@ impl RingComm {
                 next.write_all(block)
                     .map_err(|e| wire::io_error(rank, next_rank, "sending broadcast data to", e, timeout))?;
             }
+            each(block);
         }
         Ok(())
     }
+
+    /// Broadcasts raw bytes from `root` in place, handing every piece to
+    /// `each` as it passes this rank: on the root as it leaves, elsewhere once
+    /// it has arrived, in order, each byte once. Weight sync digests a version
+    /// this way ([`crate::digest::BucketHasher`]) while the bytes are still in
+    /// cache, instead of reading the whole buffer again afterwards.
+    pub fn broadcast_bytes_with(&mut self, bytes: &mut [u8], root: usize, each: &mut dyn FnMut(&mut [u8])) -> Result<()> {
+        if let Some(first) = &self.poisoned {
+            return Err(CommError::Poisoned { rank: self.rank, first: first.clone() });
+        }
+        if root >= self.world {
+            return Err(self.invalid("broadcast", format!("root {root} is outside 0..{}", self.world)));
+        }
+        if self.world == 1 {
+            bytes.chunks_mut(PIECE_BYTES).for_each(each);
+            return Ok(());
+        }
+        let h = OpHeader { op: OpKind::BroadcastBytes as u8, dtype: 0, reduce: 0, root: root as u32, len: bytes.len() as u64, seq: 0 };
+        self.guarded(|c| {
+            c.exchange_header(h)?;
+            if c.shm.is_some() {
+                c.shm_broadcast(bytes, root, each)
+            } else {
+                c.ring_broadcast(bytes, root, each)
+            }
+        })
+    }
+
+    /// [`RingComm::broadcast_bytes_with`] feeding a [`crate::digest::BucketHasher`].
+    pub fn broadcast_digested(&mut self, bytes: &mut [u8], root: usize, hasher: &mut crate::digest::BucketHasher) -> Result<()> {
+        self.broadcast_bytes_with(bytes, root, &mut |piece| hasher.update(piece))
+    }
 }
+
+/// Pieces in which the shared-memory broadcast copies (and hands to its
+/// callback): small enough to stay in a core's L2 between copy and hash.
+pub const PIECE_BYTES: usize = 256 << 10;
 
 impl Collective for RingComm {
     fn rank(&self) -> usize {
@@ -486,9 +533,9 @@ impl Collective for RingComm {
                 DType::Bf16 => as_bytes_mut(buf.host_slice::<Bf16>().expect("host bf16")),
             };
             if c.shm.is_some() {
-                c.shm_broadcast(bytes, root)
+                c.shm_broadcast(bytes, root, &mut |_| ())
             } else {
-                c.ring_broadcast(bytes, root)
+                c.ring_broadcast(bytes, root, &mut |_| ())
             }
         })
     }

@@ -220,6 +220,8 @@ pub enum OpKind {
     AllGather = 4,
     /// Barrier.
     Barrier = 5,
+    /// Broadcast of raw bytes (`RingComm::broadcast_bytes_with`; `len` counts bytes).
+    BroadcastBytes = 6,
 }
 
 /// The header each rank sends its next rank before a collective's data, so
@@ -280,12 +282,16 @@ impl OpHeader {
             3 => "reduce_scatter",
             4 => "all_gather",
             5 => "barrier",
+            6 => "broadcast",
             _ => "unknown op",
         };
-        let dtype = crate::buffer::DType::from_code(self.dtype).map(|d| d.name()).unwrap_or("?");
+        let dtype = match self.op {
+            6 => "bytes",
+            _ => crate::buffer::DType::from_code(self.dtype).map(|d| d.name()).unwrap_or("?"),
+        };
         let mut s = format!("#{} {op} of {} {dtype}", self.seq, self.len);
         match (self.op, self.reduce) {
-            (2, _) => s.push_str(&format!(" from root {}", self.root)),
+            (2 | 6, _) => s.push_str(&format!(" from root {}", self.root)),
             (_, 1) => s.push_str(" (sum)"),
             (_, 2) => s.push_str(" (mean)"),
             _ => {}
