@@ -194,3 +194,45 @@ fn a_finished_run_resumes_to_nothing_and_a_refused_resume_changes_no_file() {
         assert_eq!(snapshot(&run), before, "a refused resume changed files");
     }
 }
+
+/// Kills a spinning shell when dropped (also when an assertion fails).
+struct Spinner(std::process::Child);
+
+impl Drop for Spinner {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+#[test]
+fn beside_a_busy_core_an_embedded_run_starts_again_waiting_passively_unless_told_otherwise() {
+    let tmp = tempfile::tempdir().unwrap();
+    let tiny = recipe(tmp.path(), 1, "1e-4");
+    let _spin = Spinner(Command::new("sh").args(["-c", "while :; do :; done"]).spawn().unwrap());
+    std::thread::sleep(Duration::from_millis(200));
+    for (user_policy, restarts) in [(None, true), (Some("ACTIVE"), false)] {
+        let run = tmp.path().join(format!("run-{restarts}"));
+        let mut c = up(&tiny, &run, &[]);
+        c.env_remove("OMP_WAIT_POLICY").env_remove("RLMESH_PASSIVE_WAIT_WHY");
+        if let Some(p) = user_policy {
+            c.env("OMP_WAIT_POLICY", p);
+        }
+        let child = c.stdout(Stdio::piped()).stderr(Stdio::piped()).spawn().unwrap();
+        let pid = child.id();
+        let o = child.wait_with_output().unwrap();
+        assert_eq!(o.status.code(), Some(0), "{}", err(&o));
+        let said = err(&o).matches("starting again with OMP_WAIT_POLICY=PASSIVE").count();
+        let log = std::fs::read_to_string(run.join("progress.log")).unwrap();
+        let logged = log.matches("OpenMP threads wait passively (OMP_WAIT_POLICY=PASSIVE): other programs kept").count();
+        if restarts {
+            assert_eq!((said, logged), (1, 1), "once on stderr, once in progress.log: {}\n{log}", err(&o));
+            // exec: the run kept the pid its starter knows.
+            let s: Value = serde_json::from_str(&std::fs::read_to_string(run.join("status.json")).unwrap()).unwrap();
+            assert_eq!(s["pid"], pid);
+        } else {
+            assert_eq!((said, logged), (0, 0), "a policy the user set is kept: {}\n{log}", err(&o));
+        }
+        assert_eq!(String::from_utf8_lossy(&o.stdout).matches("\"wall_seconds\"").count(), 1, "one summary: the run ran once");
+    }
+}

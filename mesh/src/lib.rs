@@ -21,6 +21,7 @@
 #![warn(missing_docs)]
 
 pub mod launch;
+pub mod load;
 pub mod slurm;
 pub mod testing;
 pub mod control;

@@ -619,6 +619,9 @@ async fn run_processes(opts: RunOptions, learner_loss: LearnerLoss) -> Result<Su
     let (_lock, previous) = claim_run_dir(&dir, opts.resume)?;
     progress.attach_log(&dir);
     progress.line(format!("run {} → {} (metrics at http://{metrics_addr}/metrics)", recipe.name, dir.display()));
+    if let Ok(why) = std::env::var(rlmesh_mesh::load::PASSIVE_WHY_ENV) {
+        progress.line(format!("OpenMP threads wait passively (OMP_WAIT_POLICY=PASSIVE): {why}"));
+    }
     // The other processes start now, while this one makes the model.
     let fleet = match &opts.fleet {
         Some(spec) => Some(Fleet::launch(spec, &dir, metrics.clone(), learner_loss, &|l| progress.line(l)).await.map_err(RunError::Setup)?),

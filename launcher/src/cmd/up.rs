@@ -154,6 +154,9 @@ pub fn up(a: UpArgs) -> CliResult {
         // The plan is printed for review either way; a topology this build cannot start is still refused.
         return check_startable(&a.deploy, &topology, &placement);
     }
+    if placement.processes.len() == 1 {
+        wait_passively_if_busy();
+    }
     if let Some(s) = &steps {
         let stale = slurm::cancel_stale_steps(s)?;
         if !stale.is_empty() {
@@ -201,6 +204,38 @@ pub fn up(a: UpArgs) -> CliResult {
     })?;
     println!("{}", serde_json::to_string_pretty(&summary)?);
     Ok(())
+}
+
+/// An embedded run computes on every core it may use, with libgomp's spinning
+/// waits: the fastest on an idle machine, 3.5× slower beside a program that
+/// keeps one core busy (a passive wait: 1.8×). When other programs keep at
+/// least [`rlmesh_mesh::load::BUSY_CORES`] of this process's cores busy, this
+/// process starts again (`exec`: same pid) with `OMP_WAIT_POLICY=PASSIVE`,
+/// which libgomp reads only when it is loaded. A policy the user set is kept.
+/// The load is looked at once, before the run: a program started later
+/// finds the run spinning.
+fn wait_passively_if_busy() {
+    use rlmesh_mesh::load::{busy_cores_elsewhere, BUSY_CORES, PASSIVE_WHY_ENV};
+    use std::os::unix::process::CommandExt;
+    if std::env::var_os("OMP_WAIT_POLICY").is_some() || std::env::var_os(PASSIVE_WHY_ENV).is_some() {
+        return;
+    }
+    let busy = match busy_cores_elsewhere(std::time::Duration::from_millis(500)) {
+        Ok(b) => b,
+        Err(e) => {
+            eprintln!("[up] the load of this host's cores is unreadable ({e}); OpenMP keeps its spinning waits");
+            return;
+        }
+    };
+    if busy < BUSY_CORES {
+        return;
+    }
+    let cores = rlmesh_mesh::load::allowed_cpus().len();
+    let why = format!("other programs kept {busy:.1} of this process's {cores} cores busy at start (set OMP_WAIT_POLICY yourself to choose)");
+    eprintln!("[up] {why}: starting again with OMP_WAIT_POLICY=PASSIVE, so OpenMP threads sleep between parallel regions instead of spinning");
+    let program = std::env::current_exe().unwrap_or_else(|_| PathBuf::from("launcher"));
+    let err = std::process::Command::new(&program).args(std::env::args_os().skip(1)).env("OMP_WAIT_POLICY", "PASSIVE").env(PASSIVE_WHY_ENV, &why).exec();
+    eprintln!("[up] starting again failed (exec {}: {err}); OpenMP keeps its spinning waits", program.display());
 }
 
 /// Starts of a run again after a learner rank was lost, per `launcher up`.
