@@ -228,6 +228,14 @@ fn a_real_prometheus_scrapes_every_process_of_a_live_run_through_the_generated_c
     let mut line = String::new();
     std::io::BufRead::read_line(&mut std::io::BufReader::new(monitor.0.stdout.take().unwrap()), &mut line).unwrap();
     assert!(line.contains(&format!("http://{listen}/")), "{line}");
+    // `monitor` became Prometheus (same pid): stopping it leaves no Prometheus behind.
+    let t0 = Instant::now();
+    let mut cmdline = Vec::new();
+    while t0.elapsed() < Duration::from_secs(10) && !String::from_utf8_lossy(&cmdline).contains("--web.listen-address=") {
+        std::thread::sleep(Duration::from_millis(20));
+        cmdline = std::fs::read(format!("/proc/{}/cmdline", monitor.0.id())).unwrap_or_default();
+    }
+    assert!(String::from_utf8_lossy(&cmdline).contains("--web.listen-address="), "the monitor's pid runs Prometheus itself: {:?}", String::from_utf8_lossy(&cmdline));
 
     // Every process scraped and up, with its role; the learner ranks and rollout processes apart.
     let t0 = Instant::now();

@@ -1,6 +1,7 @@
 //! `launcher monitor RUN_DIR`: a local Prometheus on the run's discovery
 //! files (`RUN_DIR/prometheus/prometheus.yml`, written by `up`), its data in
-//! `RUN_DIR/prometheus/data`. It runs in the foreground until interrupted.
+//! `RUN_DIR/prometheus/data`. It runs in the foreground until interrupted: once
+//! the files are checked, this process becomes Prometheus.
 use crate::error::{CliError, CliResult, UsageContext};
 use clap::Args;
 use rlmesh_actors::controller::discovery;
@@ -34,18 +35,15 @@ pub fn run(a: MonitorArgs) -> CliResult {
     })?;
     std::net::TcpListener::bind(&a.listen).usage(format!("--listen {}", a.listen))?;
     let data = a.run_dir.join(discovery::DIR).join("data");
-    let mut child = std::process::Command::new(&binary)
+    println!("Prometheus for {} at http://{}/ (targets: http://{}/targets; config {})", a.run_dir.display(), a.listen, a.listen, config.display());
+    // This process becomes Prometheus (same pid), so whatever stops it (Ctrl-C, a
+    // signal, a test's kill) stops Prometheus, which is never left behind.
+    use std::os::unix::process::CommandExt;
+    let err = std::process::Command::new(&binary)
         .arg(format!("--config.file={}", config.display()))
         .arg(format!("--storage.tsdb.path={}", data.display()))
         .arg(format!("--web.listen-address={}", a.listen))
         .arg("--log.level=warn")
-        .spawn()
-        .usage(format!("starting {}", binary.display()))?;
-    println!("Prometheus for {} at http://{}/ (targets: http://{}/targets; config {})", a.run_dir.display(), a.listen, a.listen, config.display());
-    let status = child.wait().usage("waiting for Prometheus")?;
-    if status.success() {
-        Ok(())
-    } else {
-        Err(CliError::from(anyhow::anyhow!("Prometheus exited: {status}")))
-    }
+        .exec();
+    Err(CliError::from(anyhow::anyhow!("starting {}: {err}", binary.display())))
 }
