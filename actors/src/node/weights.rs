@@ -94,7 +94,8 @@ impl WeightGroup {
                 let mut comm = RingComm::connect(cfg).map_err(|e| format!("weight-sync group (epoch {epoch}), rank {rank}: {e}"));
                 if let Ok(c) = &comm {
                     let how = if c.shares_memory() { "through shared memory (every member on this host)" } else { "along the TCP ring" };
-                    eprintln!("[weights] group epoch {epoch} formed: rank {rank} receives versions {how}");
+                    let verb = if rank == 0 { "sends" } else { "receives" };
+                    eprintln!("[weights] group epoch {epoch} formed: rank {rank} {verb} versions {how}");
                     *aborts.handle.lock().expect("abort lock") = c.abort_handle().ok();
                     if aborts.asked.load(Ordering::SeqCst) {
                         comm = Err(format!("the weight-sync group (epoch {epoch}) was aborted"));
