@@ -291,10 +291,10 @@ fn recipe_errors_name_the_file_line_and_field() {
     assert!(err.contains("field \"model.tokenizer\""), "{err}");
     let text = edit(&base, "hidden = 128", "hidden = 100");
     let err = recipe_error(&text);
-    assert!(err.contains("field \"model.hidden\": must split into 4 heads of even width (a multiple of 8), got 100"), "{err}");
-    let text = edit(&base, "kv_heads = 2", "kv_heads = 3");
+    assert!(err.contains("field \"model.hidden\": must split into 8 heads of even width (a multiple of 16), got 100"), "{err}");
+    let text = edit(&base, "kv_heads = 4", "kv_heads = 3");
     let err = recipe_error(&text);
-    assert!(err.starts_with(&format!("configs/bad.toml:{}: field \"model.kv_heads\": must divide model.heads (4), got 3", line(&text, "kv_heads = 3"))), "{err}");
+    assert!(err.starts_with(&format!("configs/bad.toml:{}: field \"model.kv_heads\": must divide model.heads (8), got 3", line(&text, "kv_heads = 3"))), "{err}");
     let text = edit(&base, "lr = 3e-4", "lr = \"fast\"");
     let err = recipe_error(&text);
     assert!(err.starts_with(&format!("configs/bad.toml:{}: field \"rl.lr\": invalid type: string \"fast\"", line(&text, "\"fast\""))), "{err}");
