@@ -8,7 +8,9 @@
 # and all of them under GPU_CHECK_BUDGET_S (default 330 s):
 #   1. environment: GPU, driver, python3's torch / transformers, the libnccl used
 #   2. NCCL at world size 1 through rlmesh-comm: comm/tests/nccl_gpu.rs (all-reduce sum/mean/bf16,
-#      broadcast, reduce-scatter, all-gather, barrier on device pointers; enqueue cost per call)
+#      broadcast, reduce-scatter, all-gather, barrier on device pointers; enqueue cost per call),
+#      and the device weight digest (WordMix64 compiled by NVRTC) against its CPU reference,
+#      timed against a device-to-device copy of the same 256 MiB
 #   3. gpu_check make-models: a tiny Qwen2 and a SmolLM2-135M-shaped model with random weights
 #      (SmolLM2's 538 MB of weights cannot be carried to the machine)
 #   4. gpu_check nccl-learner: NcclComm on libtorch CUDA tensors in one process with libtorch, and a CUDA
@@ -95,13 +97,18 @@ NCCL2="$SITE/nvidia/nccl/lib/libnccl.so.2"
 [ -f "$NCCL2" ] || NCCL2=$(find "$SITE/nvidia" -name 'libnccl.so.2' 2>/dev/null | head -n 1)
 mkdir -p /tmp/rlmesh-nccl
 [ -n "$NCCL2" ] && ln -sf "$NCCL2" /tmp/rlmesh-nccl/libnccl.so
-export LD_LIBRARY_PATH="/tmp/rlmesh-nccl:$TORCH_DIR/lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
+# NVRTC for the device digest's kernel: the wheel's libnvrtc.so.1x, under the
+# plain name cudarc also tries; its folder too, for libnvrtc-builtins.
+NVRTC=$(find "$SITE/nvidia" -name 'libnvrtc.so.1*' ! -name '*builtins*' 2>/dev/null | sort | head -n 1)
+[ -n "$NVRTC" ] && ln -sf "$NVRTC" /tmp/rlmesh-nccl/libnvrtc.so
+export LD_LIBRARY_PATH="/tmp/rlmesh-nccl:$TORCH_DIR/lib${NVRTC:+:$(dirname "$NVRTC")}${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
 export RUST_BACKTRACE=1 NCCL_DEBUG="${NCCL_DEBUG:-WARN}"
 {
   echo "=== environment"
   nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.max.sm --format=csv,noheader 2>&1
   "$PY" -c 'import sys,torch,transformers;print("python", sys.version.split()[0], "| torch", torch.__version__, "cuda", torch.version.cuda, "| transformers", transformers.__version__, "| gpu", torch.cuda.get_device_name(0) if torch.cuda.is_available() else None, "| torch nccl", ".".join(map(str, torch.cuda.nccl.version())) if torch.cuda.is_available() else None)' 2>&1
   echo "libnccl.so -> ${NCCL2:-NOT FOUND}"
+  echo "libnvrtc.so -> ${NVRTC:-NOT FOUND}"
   echo "LD_LIBRARY_PATH=$LD_LIBRARY_PATH"
   ldd "$BIN/gpu_check" | grep -E 'not found|libtorch\.so|libnccl' || true
   nproc

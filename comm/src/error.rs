@@ -114,6 +114,17 @@ pub enum CommError {
         /// The error code, as text.
         detail: String,
     },
+    /// The CUDA driver or NVRTC could not be loaded on this machine.
+    #[error("CUDA unavailable: {0}")]
+    CudaUnavailable(String),
+    /// A CUDA driver or NVRTC call outside NCCL failed.
+    #[error("{call} failed: {detail}")]
+    Cuda {
+        /// The CUDA function.
+        call: &'static str,
+        /// The error, as text.
+        detail: String,
+    },
     /// The worker's command line is invalid.
     #[error("rlmesh-comm-worker: {0}")]
     Usage(String),

@@ -40,6 +40,7 @@ pub mod bucket;
 pub mod buffer;
 pub mod collective;
 pub mod cpu;
+pub mod device_digest;
 pub mod digest;
 pub mod error;
 pub mod nccl;

@@ -64,6 +64,12 @@ pub const DEFAULT_NCCL_TIMEOUT: Duration = Duration::from_secs(300);
 
 /// Runs `f`, turning a panic from cudarc's loader into an error.
 fn guard<T>(what: &str, f: impl FnOnce() -> Result<T>) -> Result<T> {
+    catch_loader_panic(what, CommError::NcclUnavailable, f)
+}
+
+/// Runs `f`; a panic (cudarc's dynamic loader panics on a missing library or
+/// symbol) becomes `wrap("{what}: {message}")`.
+pub(crate) fn catch_loader_panic<T>(what: &str, wrap: fn(String) -> CommError, f: impl FnOnce() -> Result<T>) -> Result<T> {
     match catch_unwind(AssertUnwindSafe(f)) {
         Ok(r) => r,
         Err(p) => {
@@ -72,7 +78,7 @@ fn guard<T>(what: &str, f: impl FnOnce() -> Result<T>) -> Result<T> {
                 .cloned()
                 .or_else(|| p.downcast_ref::<&str>().map(|s| s.to_string()))
                 .unwrap_or_else(|| "unknown panic".into());
-            Err(CommError::NcclUnavailable(format!("{what}: {msg}")))
+            Err(wrap(format!("{what}: {msg}")))
         }
     }
 }

@@ -1,5 +1,7 @@
 //! NCCL on a real GPU, world size 1: all-reduce (sum, mean, bf16), broadcast,
-//! reduce-scatter, all-gather and barrier on device pointers, plus timings.
+//! reduce-scatter, all-gather and barrier on device pointers, plus timings;
+//! and the device weight digest (WordMix64's CUDA kernel) against its CPU
+//! reference, with its speed against a device-to-device copy of the same bytes.
 //! Ignored by default: run with `cargo test -p rlmesh-comm --test nccl_gpu -- --ignored --nocapture`
 //! on a machine with a CUDA GPU and `libnccl.so` on `LD_LIBRARY_PATH`.
 
@@ -7,6 +9,7 @@ use std::ffi::c_void;
 use std::time::Instant;
 
 use cudarc::driver::result as cu;
+use rlmesh_comm::device_digest::{word_mix_digest, word_mix_finish, word_mix_sum, DeviceDigest};
 use rlmesh_comm::{nccl, Bf16, Buf, Collective, DType, NcclComm, NcclId, ReduceOp};
 
 fn upload<T: Copy>(host: &[T]) -> u64 {
@@ -85,5 +88,79 @@ fn nccl_world_of_one_on_gpu() {
     unsafe {
         cu::free_sync(d).unwrap();
         cu::free_sync(db).unwrap();
+    }
+}
+
+fn random_bytes(n: usize, seed: u64) -> Vec<u8> {
+    let mut x = seed;
+    (0..n)
+        .map(|_| {
+            x = x.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
+            (x >> 56) as u8
+        })
+        .collect()
+}
+
+#[test]
+#[ignore = "needs a CUDA GPU and libnvrtc on LD_LIBRARY_PATH"]
+fn device_digest_matches_the_cpu_reference_and_is_timed() {
+    let mut dd = DeviceDigest::new(0).expect("CUDA and NVRTC present");
+    let stream = std::ptr::null_mut();
+    for (i, &n) in [0usize, 1, 7, 8, 9, 1000, 4093, 1 << 20, (1 << 20) + 3, (64 << 20) + 5].iter().enumerate() {
+        let host = random_bytes(n, i as u64 + 1);
+        let d = upload(&host);
+        let got = unsafe { dd.digest(d, n, stream) }.unwrap();
+        assert_eq!(got, word_mix_digest(&host), "{n} bytes: device digest differs from the CPU reference");
+        if n >= 4096 {
+            // Pieces hashed separately on the device add up to the whole.
+            let cut = (n / 2) & !7;
+            let a = unsafe { dd.enqueue_sum(d, cut, 0, stream).and_then(|_| dd.read_sum(stream)) }.unwrap();
+            let b = unsafe { dd.enqueue_sum(d + cut as u64, n - cut, (cut / 8) as u64, stream).and_then(|_| dd.read_sum(stream)) }.unwrap();
+            assert_eq!(a, word_mix_sum(&host[..cut], 0));
+            assert_eq!(word_mix_finish(a.wrapping_add(b), n as u64), got);
+        }
+        unsafe { cu::free_sync(d).unwrap() };
+    }
+    assert!(unsafe { dd.digest(1, 8, stream) }.is_err(), "a misaligned pointer is refused");
+
+    // Speed: the kernel over 256 MiB against a device-to-device copy of the
+    // same bytes (the fastest any transfer could deliver them), alternating.
+    let bytes = 256usize << 20;
+    let src = unsafe { cu::malloc_sync(bytes).unwrap() };
+    let dst = unsafe { cu::malloc_sync(bytes).unwrap() };
+    unsafe { cu::memset_d8_sync(src, 0x5a, bytes).unwrap() };
+    let iters = 20;
+    let (mut td, mut tc) = (Vec::new(), Vec::new());
+    for round in 0..6 {
+        let t0 = Instant::now();
+        for _ in 0..iters {
+            unsafe { dd.enqueue_sum(src, bytes, 0, stream).unwrap() };
+        }
+        dd.read_sum(stream).unwrap();
+        let t_digest = t0.elapsed().as_secs_f64() / iters as f64;
+        let t0 = Instant::now();
+        for _ in 0..iters {
+            unsafe { cu::memcpy_dtod_async(dst, src, bytes, stream as _).unwrap() };
+        }
+        unsafe { cu::stream::synchronize(stream as _).unwrap() };
+        let t_copy = t0.elapsed().as_secs_f64() / iters as f64;
+        if round > 0 {
+            td.push(t_digest);
+            tc.push(t_copy);
+        }
+    }
+    td.sort_by(f64::total_cmp);
+    tc.sort_by(f64::total_cmp);
+    let (t_digest, t_copy) = (td[td.len() / 2], tc[tc.len() / 2]);
+    let share = t_digest / (t_digest + t_copy);
+    println!(
+        "{{\"check\": \"device_digest\", \"ok\": true, \"mib\": 256, \"digest_gbps\": {:.1}, \"dtod_copy_gbps\": {:.1}, \"share_if_moved_at_copy_speed\": {:.4}}}",
+        bytes as f64 / t_digest / 1e9,
+        bytes as f64 / t_copy / 1e9,
+        share
+    );
+    unsafe {
+        cu::free_sync(src).unwrap();
+        cu::free_sync(dst).unwrap();
     }
 }
