@@ -112,6 +112,20 @@ fn bench_pipeline_times_the_rl_phase_on_two_topologies_in_alternating_rounds() {
     // Both topologies really ran: the second one's rollouts came from two other processes.
     assert!(keep.join("round0-against/logs/local_rollout-1.log").is_file());
     assert_eq!(std::fs::read_to_string(keep.join("round1-base/metrics.jsonl")).unwrap().lines().count(), 4);
+    // One warm-up, shared: the first run stored it, every later run restored
+    // it, so each RL phase starts from the same weights and its first step
+    // (sampled from them, with placement-independent seeds) is the same work.
+    let log = |run: &str| std::fs::read_to_string(keep.join(run).join("progress.log")).unwrap();
+    assert!(!log("round0-base").contains("starting from the shared warm-up"), "{}", log("round0-base"));
+    let first_tokens = |run: &str| -> Value {
+        let text = std::fs::read_to_string(keep.join(run).join("metrics.jsonl")).unwrap();
+        serde_json::from_str::<Value>(text.lines().next().unwrap()).unwrap()["generated_tokens"].clone()
+    };
+    for run in ["round0-against", "round1-against", "round1-base"] {
+        assert!(log(run).contains("starting from the shared warm-up"), "{run}: {}", log(run));
+        assert_eq!(first_tokens(run), first_tokens("round0-base"), "{run}'s first RL step");
+    }
+    assert!(rounds[0]["base_tokens_per_step"].as_f64().unwrap() > 0.0, "{}", rounds[0]);
 
     let o = launcher(&["bench", "pipeline", "--rl-steps", "2"]);
     assert_eq!(code(&o), 2);

@@ -6,6 +6,15 @@
 //! A round's speed is the RL steps after the first, over the seconds between
 //! the first and the last step's record in `metrics.jsonl`: the warm-up, the
 //! evaluations, start-up and the pipeline's fill are outside it.
+//!
+//! Every run starts its RL phase from the same weights: the bench writes the
+//! recipe again with `[sft] share = true`, so the first run's warm-up is
+//! stored beside the runs and every later run restores it. (Each run warming
+//! up on its own made the topologies train different policies: two learner
+//! ranks sum their gradients in another order, and after a short warm-up the
+//! rollouts of two such policies differed by 35% in length.) The table also
+//! shows each side's generated tokens per RL step, so a reader can see that
+//! both sides did the same work.
 use crate::error::{CliError, CliResult, UsageContext};
 use clap::Args;
 use rlmesh_comm::bench::median;
@@ -25,8 +34,8 @@ pub struct PipelineArgs {
     /// The recipe both run.
     #[arg(long, default_value = "configs/calculator-process.toml")]
     recipe: PathBuf,
-    /// SFT warm-up steps before the RL phase (so the rollouts look like a real run's).
-    #[arg(long, default_value_t = 300)]
+    /// SFT warm-up steps before the RL phase, run once and shared by every run (so the rollouts look like a real run's).
+    #[arg(long, default_value_t = 1200)]
     sft_steps: u64,
     /// RL steps timed per run.
     #[arg(long, default_value_t = 20)]
@@ -39,22 +48,46 @@ pub struct PipelineArgs {
     keep: Option<PathBuf>,
 }
 
-/// One run's RL speed.
-fn steps_per_s(run: &Path) -> CliResult<f64> {
+/// One run's RL phase: steps/s and the mean generated tokens per step.
+struct RlSpeed {
+    steps_per_s: f64,
+    tokens_per_step: f64,
+}
+
+fn rl_speed(run: &Path) -> CliResult<RlSpeed> {
     let path = run.join("metrics.jsonl");
     let text = std::fs::read_to_string(&path).usage(format!("reading {}", path.display()))?;
-    let secs: Vec<f64> = text.lines().filter_map(|l| serde_json::from_str::<Value>(l).ok()?["seconds"].as_f64()).collect();
+    let rows: Vec<Value> = text.lines().filter_map(|l| serde_json::from_str::<Value>(l).ok()).collect();
+    let secs: Vec<f64> = rows.iter().filter_map(|r| r["seconds"].as_f64()).collect();
     if secs.len() < 2 {
         return Err(anyhow::anyhow!("{}: fewer than 2 RL steps recorded", path.display()).into());
     }
-    Ok((secs.len() - 1) as f64 / (secs[secs.len() - 1] - secs[0]).max(1e-9))
+    let tokens: Vec<f64> = rows.iter().filter_map(|r| r["generated_tokens"].as_f64()).collect();
+    Ok(RlSpeed {
+        steps_per_s: (secs.len() - 1) as f64 / (secs[secs.len() - 1] - secs[0]).max(1e-9),
+        tokens_per_step: tokens.iter().sum::<f64>() / tokens.len().max(1) as f64,
+    })
 }
 
-fn one_run(a: &PipelineArgs, topology: &Path, run: &Path) -> CliResult<f64> {
+/// The recipe again, with `sft.steps` and `sft.share = true`, under the same
+/// name (a recipe's name is its file's stem) in `root`.
+fn shared_warm_up_recipe(recipe: &Path, sft_steps: u64, root: &Path) -> CliResult<PathBuf> {
+    let text = std::fs::read_to_string(recipe).usage(format!("reading {}", recipe.display()))?;
+    let mut doc: toml::Table = toml::from_str(&text).usage(format!("{}: not a TOML recipe", recipe.display()))?;
+    let sft = doc.entry("sft").or_insert_with(|| toml::Value::Table(toml::Table::new()));
+    let sft = sft.as_table_mut().ok_or_else(|| CliError::usage(anyhow::anyhow!("{}: `sft` is not a table", recipe.display())))?;
+    sft.insert("steps".into(), toml::Value::Integer(sft_steps.min(i64::MAX as u64) as i64));
+    sft.insert("share".into(), toml::Value::Boolean(true));
+    let out = root.join(recipe.file_name().unwrap_or("recipe.toml".as_ref()));
+    std::fs::write(&out, toml::to_string(&doc).expect("a TOML table serialises")).usage(format!("writing {}", out.display()))?;
+    Ok(out)
+}
+
+fn one_run(recipe: &Path, a: &PipelineArgs, topology: &Path, run: &Path) -> CliResult<RlSpeed> {
     let log = run.with_extension("log");
     let out = Command::new(std::env::current_exe()?)
-        .args(["up".as_ref(), topology.as_os_str(), "--recipe".as_ref(), a.recipe.as_os_str(), "--run-dir".as_ref(), run.as_os_str()])
-        .args(["--sft-steps", &a.sft_steps.to_string(), "--max-steps", &a.rl_steps.to_string(), "--eval-limit", "8", "--metrics-addr", "127.0.0.1:0"])
+        .args(["up".as_ref(), topology.as_os_str(), "--recipe".as_ref(), recipe.as_os_str(), "--run-dir".as_ref(), run.as_os_str()])
+        .args(["--max-steps", &a.rl_steps.to_string(), "--eval-limit", "8", "--metrics-addr", "127.0.0.1:0"])
         .stdout(Stdio::null())
         .stderr(std::fs::File::create(&log).usage(format!("creating {}", log.display()))?)
         .status()
@@ -62,7 +95,7 @@ fn one_run(a: &PipelineArgs, topology: &Path, run: &Path) -> CliResult<f64> {
     if !out.success() {
         return Err(failed_up(&topology.display().to_string(), out, &log));
     }
-    steps_per_s(run)
+    rl_speed(run)
 }
 
 /// A failed `launcher up` child: its exit status and the last lines of its log.
@@ -81,27 +114,41 @@ pub fn pipeline(a: PipelineArgs) -> CliResult {
     std::fs::create_dir_all(&root).usage(format!("creating {}", root.display()))?;
     let name = |p: &Path| p.file_stem().map_or_else(|| p.display().to_string(), |s| s.to_string_lossy().into_owned());
     let (b, c) = (name(&a.base), name(&a.against));
-    println!("round  {b:>12}  {c:>12}  ratio ({c}/{b}, RL steps/s)");
+    let recipe = shared_warm_up_recipe(&a.recipe, a.sft_steps, &root)?;
+    eprintln!("[bench pipeline] the first run warms up ({} SFT steps) and stores it; every later run starts from it", a.sft_steps);
+    println!("round  {b:>12}  {c:>12}  ratio ({c}/{b}, RL steps/s)  tokens/step ({b}, {c})");
     let mut rows = vec![];
     for r in 0..a.rounds {
         let order = if r % 2 == 0 { [(&a.base, "base"), (&a.against, "against")] } else { [(&a.against, "against"), (&a.base, "base")] };
-        let (mut base, mut against) = (0.0, 0.0);
+        let (mut base, mut against) = (None, None);
         for (topo, which) in order {
             eprintln!("[bench pipeline] round {}/{}: {} …", r + 1, a.rounds, topo.display());
-            let s = one_run(&a, topo, &root.join(format!("round{r}-{which}")))?;
+            let s = one_run(&recipe, &a, topo, &root.join(format!("round{r}-{which}")))?;
             if which == "base" {
-                base = s;
+                base = Some(s);
             } else {
-                against = s;
+                against = Some(s);
             }
         }
-        println!("{:>5}  {base:>12.3}  {against:>12.3}  {:.3}", r + 1, against / base);
-        rows.push(json!({ "round": r + 1, "base_steps_per_s": base, "against_steps_per_s": against, "ratio": against / base }));
+        let (base, against) = (base.expect("ran"), against.expect("ran"));
+        let ratio = against.steps_per_s / base.steps_per_s;
+        println!(
+            "{:>5}  {:>12.3}  {:>12.3}  {ratio:.3}  {:.0}, {:.0}",
+            r + 1,
+            base.steps_per_s,
+            against.steps_per_s,
+            base.tokens_per_step,
+            against.tokens_per_step
+        );
+        rows.push(json!({
+            "round": r + 1, "base_steps_per_s": base.steps_per_s, "against_steps_per_s": against.steps_per_s, "ratio": ratio,
+            "base_tokens_per_step": base.tokens_per_step, "against_tokens_per_step": against.tokens_per_step,
+        }));
     }
     let ratios: Vec<f64> = rows.iter().map(|r| r["ratio"].as_f64().unwrap_or(f64::NAN)).collect();
     let m = median(&ratios);
     println!("median ratio {c}/{b}: {m:.3} over {} rounds", a.rounds);
-    println!("{}", json!({ "bench": "pipeline", "base": a.base, "against": a.against, "recipe": a.recipe, "rounds": rows, "median_ratio": m }));
+    println!("{}", json!({ "bench": "pipeline", "base": a.base, "against": a.against, "recipe": a.recipe, "sft_steps": a.sft_steps, "rounds": rows, "median_ratio": m }));
     if a.keep.is_none() {
         let _ = std::fs::remove_dir_all(&root);
     }
