@@ -279,6 +279,12 @@ impl Core {
         self.missed.lock().expect("missed lock").insert(process.to_string());
     }
 
+    /// `process` checked and loaded `version`.
+    fn loaded(&self, process: &str, version: u64) {
+        self.versions.lock().expect("versions lock").insert(process.to_string(), version);
+        self.missed.lock().expect("missed lock").remove(process);
+    }
+
     /// Waits until the newest group publication to `process` has settled
     /// (bounded by the call timeout). Without it a request could overtake the
     /// version published just before it and be generated with the one before:
@@ -850,8 +856,7 @@ impl Actor for RemoteRollout {
                     Ok(()) => match core.answer(rx, process).await {
                         Ok(Reply::Control(ControlMsg::WeightsLoaded { result, .. })) => {
                             if let Ok(ack) = &result {
-                                core.versions.lock().expect("versions lock").insert(process.to_string(), ack.version);
-                                core.missed.lock().expect("missed lock").remove(process);
+                                core.loaded(process, ack.version);
                             }
                             result
                         }
@@ -1120,7 +1125,7 @@ impl Publisher {
                         let r = core.answer(rx, &process).await;
                         // Loaded, refused or lost: requests to it may go out (versions is set below).
                         if let Ok(Reply::Control(ControlMsg::WeightsLoaded { result: Ok(ack), .. })) = &r {
-                            core.versions.lock().expect("versions lock").insert(process.clone(), ack.version);
+                            core.loaded(&process, ack.version);
                         }
                         let _ = settled.send(true);
                         (process, r)
@@ -1133,11 +1138,8 @@ impl Publisher {
             for wait in waits {
                 let Ok((process, answer)) = wait.await else { continue };
                 let err = match answer {
-                    Ok(Reply::Control(ControlMsg::WeightsLoaded { result: Ok(ack), .. })) => {
-                        core.versions.lock().expect("versions lock").insert(process.clone(), ack.version);
-                        core.missed.lock().expect("missed lock").remove(&process);
-                        continue;
-                    }
+                    // Recorded by its wait above.
+                    Ok(Reply::Control(ControlMsg::WeightsLoaded { result: Ok(_), .. })) => continue,
                     Ok(Reply::Control(ControlMsg::WeightsLoaded { result: Err(e), .. })) => format!("{process}: v{version}: {e}"),
                     Ok(Reply::Lost(p)) => format!("{p} is lost"),
                     other => format!("{process}: unexpected answer {other:?}"),
