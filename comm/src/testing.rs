@@ -82,6 +82,16 @@ pub fn free_loopback_addr() -> String {
     format!("127.0.0.1:{}", l.local_addr().expect("local addr").port())
 }
 
+/// A loopback listener on a port the kernel chose, and its address: give the
+/// listener to rank 0 ([`crate::RingConfig::root_listener`]) and the address to
+/// every rank, and no other program can take the port in between, as it can
+/// with [`free_loopback_addr`].
+pub fn reserved_loopback() -> (String, TcpListener) {
+    let l = TcpListener::bind("127.0.0.1:0").expect("bind an ephemeral loopback port");
+    let addr = format!("127.0.0.1:{}", l.local_addr().expect("local addr").port());
+    (addr, l)
+}
+
 /// Spawns one worker per rank with `args_for(rank)`, waits for all of them,
 /// and kills any still running at `deadline` after the start.
 pub fn run_ranks(cmd: &WorkerCommand, world: usize, deadline: Duration, args_for: impl Fn(usize) -> Vec<String>) -> Result<Vec<RankOutput>> {

@@ -146,9 +146,11 @@ fn a_cookie_flag_is_refused_for_the_environment_variable() {
 #[test]
 fn an_abort_ends_a_blocked_collective_at_once_on_every_rank() {
     use rlmesh_comm::{Buf, Collective, RingComm, RingConfig};
-    let addr = free_loopback_addr();
+    // Rank 0 is given its listener, bound before rank 1 starts dialling: a
+    // port merely probed free can be taken before rank 0 binds it (seen once in CI).
+    let (addr, listener) = rlmesh_comm::testing::reserved_loopback();
     let cfg = |rank| RingConfig::new(rank, 2, addr.clone()).cookie("abort-test").timeout(Duration::from_secs(60));
-    let (c1, a2) = (cfg(1), cfg(0));
+    let (c1, a2) = (cfg(1), cfg(0).root_listener(listener));
     let one = std::thread::spawn(move || {
         let mut comm = RingComm::connect(c1).unwrap();
         let abort = comm.abort_handle().unwrap();

@@ -55,6 +55,10 @@ pub struct RingConfig {
     /// Broadcast through a shared-memory segment when every rank can map it
     /// (all on one host; see [`shm`]); otherwise, or when false, along the ring.
     pub shared_memory: bool,
+    /// A listener already bound to `addr`, which rank 0 accepts on instead of
+    /// binding `addr` itself: whoever chose the port keeps it from the moment
+    /// it was chosen, so no other program can take it in between.
+    pub root_listener: Option<std::sync::Arc<std::net::TcpListener>>,
 }
 
 impl RingConfig {
@@ -70,6 +74,7 @@ impl RingConfig {
             block_bytes: DEFAULT_BLOCK_BYTES,
             bind: None,
             shared_memory: true,
+            root_listener: None,
         }
     }
 
@@ -100,6 +105,12 @@ impl RingConfig {
     /// Broadcasts through shared memory when every rank can (the default), or always along the ring.
     pub fn shared_memory(mut self, on: bool) -> Self {
         self.shared_memory = on;
+        self
+    }
+
+    /// Rank 0 accepts on `listener` (bound to `addr`) rather than binding `addr` itself.
+    pub fn root_listener(mut self, listener: std::net::TcpListener) -> Self {
+        self.root_listener = Some(std::sync::Arc::new(listener));
         self
     }
 

@@ -224,7 +224,10 @@ pub(crate) fn rendezvous(cfg: &RingConfig) -> Result<RingLinks> {
     let ring_port = ring_listener.local_addr().map_err(|e| rdv_err(e.to_string()))?.port();
 
     let table: Vec<SocketAddr> = if rank == 0 {
-        let listener = TcpListener::bind(root).map_err(|e| rdv_err(format!("rank 0 cannot listen: {e}")))?;
+        let listener = match &cfg.root_listener {
+            Some(l) => l.try_clone().map_err(|e| rdv_err(format!("rank 0 cannot use its given listener: {e}")))?,
+            None => TcpListener::bind(root).map_err(|e| rdv_err(format!("rank 0 cannot listen: {e}")))?,
+        };
         let mut acceptor = Acceptor::new(cfg, &listener).map_err(|e| rdv_err(e.to_string()))?;
         let mut registered: Vec<Option<(TcpStream, SocketAddr)>> = (0..world).map(|_| None).collect();
         let mut my_ip = if root.ip().is_unspecified() { None } else { Some(root.ip()) };
