@@ -33,6 +33,47 @@ pub(super) struct Driver {
     /// Version each rollout actor (by id) has been sent.
     pub(super) versions: HashMap<ractor::ActorId, u64>,
     pub(super) next_actor: usize,
+    /// Requests out at each rollout actor (by id), counted by the [`Busy`] guards [`Driver::pick`] hands out.
+    pub(super) busy: BusyCounts,
+}
+
+/// Requests out per rollout actor.
+pub(super) type BusyCounts = Arc<std::sync::Mutex<HashMap<ractor::ActorId, usize>>>;
+
+/// One request out at a rollout actor: counted while this lives.
+pub(super) struct Busy {
+    counts: BusyCounts,
+    id: ractor::ActorId,
+}
+
+impl Busy {
+    fn new(counts: &BusyCounts, id: ractor::ActorId) -> Self {
+        *counts.lock().expect("busy lock").entry(id).or_default() += 1;
+        Busy { counts: counts.clone(), id }
+    }
+}
+
+impl Drop for Busy {
+    fn drop(&mut self) {
+        let mut counts = self.counts.lock().expect("busy lock");
+        if let Some(n) = counts.get_mut(&self.id) {
+            *n = n.saturating_sub(1);
+            if *n == 0 {
+                counts.remove(&self.id);
+            }
+        }
+    }
+}
+
+/// The index (into `busy`, one count per live actor in a fixed order) of the
+/// actor with the fewest requests out; ties go to the first at or after
+/// `next` (round-robin among equals). `None` when there is no actor.
+///
+/// Round-robin alone sends a request to an actor still working through a long
+/// one while another sits idle, whenever requests finish out of order.
+pub fn least_busy(busy: &[usize], next: usize) -> Option<usize> {
+    let n = busy.len();
+    (0..n).map(|k| (next + k) % n).min_by_key(|&i| busy[i])
 }
 
 impl Driver {
@@ -136,10 +177,12 @@ impl Driver {
         }
     }
 
-    /// The next live rollout actor, brought to the current version first if it
-    /// missed it ((re)started since, or a broadcast to it failed). Waits up to
+    /// The live rollout actor with the fewest requests out ([`least_busy`]),
+    /// brought to the current version first if it missed it ((re)started
+    /// since, or a broadcast to it failed), with the guard that counts the
+    /// request as out until it is dropped. Waits up to
     /// [`Driver::NO_ACTOR_WAIT`] for one (a restart in progress).
-    pub(super) async fn pick(&mut self) -> Result<ActorRef<RolloutMsg>, RunError> {
+    pub(super) async fn pick(&mut self) -> Result<(ActorRef<RolloutMsg>, Busy), RunError> {
         let t0 = std::time::Instant::now();
         while t0.elapsed() < Self::NO_ACTOR_WAIT {
             let live = self.live();
@@ -147,8 +190,13 @@ impl Driver {
                 tokio::time::sleep(Duration::from_millis(100)).await;
                 continue;
             }
-            let target = live[self.next_actor % live.len()].clone();
-            self.next_actor += 1;
+            let counts: Vec<usize> = {
+                let busy = self.busy.lock().expect("busy lock");
+                live.iter().map(|a| busy.get(&a.get_id()).copied().unwrap_or(0)).collect()
+            };
+            let i = least_busy(&counts, self.next_actor % live.len()).expect("live is not empty");
+            let target = live[i].clone();
+            self.next_actor = i + 1;
             if let Some(current) = self.current {
                 let missed = self.publisher.as_ref().is_some_and(|p| p.missed(&target));
                 if missed || self.versions.get(&target.get_id()) != Some(&current) {
@@ -167,7 +215,8 @@ impl Driver {
                     }
                 }
             }
-            return Ok(target);
+            let busy = Busy::new(&self.busy, target.get_id());
+            return Ok((target, busy));
         }
         Err(RunError::Actor { actor: "rollout", message: format!("no live rollout actor for {:?} (restart budgets spent?)", Self::NO_ACTOR_WAIT) })
     }
@@ -200,9 +249,10 @@ impl Driver {
         todo.reverse();
         loop {
             while let Some((req, tries)) = todo.pop() {
-                let target = self.pick().await?;
+                let (target, busy) = self.pick().await?;
                 pending.spawn(async move {
                     let r = ractor::call!(target, RolloutMsg::Generate, req.clone()).map_err(|e| e.to_string()).and_then(|r| r);
+                    drop(busy);
                     (req, tries + 1, r)
                 });
             }
@@ -223,4 +273,48 @@ impl Driver {
 
     /// How many times an evaluation request is tried.
     const EVAL_TRIES: u32 = 3;
+}
+
+#[cfg(test)]
+mod tests {
+    use super::least_busy;
+
+    #[test]
+    fn the_idle_actor_is_picked_over_a_busy_one_whatever_the_turn() {
+        // Actor 0 is still working on a long request; round-robin's turn is 0.
+        assert_eq!(least_busy(&[1, 0], 0), Some(1));
+        assert_eq!(least_busy(&[0, 2, 1], 1), Some(0));
+        assert_eq!(least_busy(&[3, 1, 2, 1], 0), Some(1));
+    }
+
+    #[test]
+    fn equals_take_turns() {
+        let mut next = 0;
+        let mut order = vec![];
+        for _ in 0..6 {
+            let i = least_busy(&[0, 0, 0], next).unwrap();
+            order.push(i);
+            next = i + 1;
+        }
+        assert_eq!(order, [0, 1, 2, 0, 1, 2]);
+        assert_eq!(least_busy(&[1, 2, 1], 1), Some(2), "ties go to the first at or after the turn");
+    }
+
+    #[test]
+    fn no_actor_no_pick() {
+        assert_eq!(least_busy(&[], 3), None);
+    }
+
+    #[test]
+    fn a_busy_guard_counts_until_dropped() {
+        let counts = super::BusyCounts::default();
+        let id = ractor::ActorId::Local(7);
+        let a = super::Busy::new(&counts, id);
+        let b = super::Busy::new(&counts, id);
+        assert_eq!(counts.lock().unwrap().get(&id), Some(&2));
+        drop(a);
+        assert_eq!(counts.lock().unwrap().get(&id), Some(&1));
+        drop(b);
+        assert!(counts.lock().unwrap().is_empty());
+    }
 }

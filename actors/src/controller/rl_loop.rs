@@ -170,7 +170,7 @@ impl<'a> RlLoop<'a> {
         while self.inflight.len() + self.ready.len() / gps.max(1) < wanted {
             let groups = next_groups(gps, &mut self.retry, &mut self.ledger, self.cx.train, &mut self.cursor, self.version, metrics)?;
             self.dispatched_requests += 1;
-            let target = driver.pick().await?;
+            let (target, busy) = driver.pick().await?;
             let seed = recipe.seed.wrapping_mul(1_000_003).wrapping_add(self.dispatched_requests);
             let req = RolloutRequest { groups: groups.clone(), purpose: Purpose::Train, seed };
             self.inflight.spawn(async move {
@@ -178,6 +178,7 @@ impl<'a> RlLoop<'a> {
                     Ok(r) => r,
                     Err(e) => Err(format!("rollout actor failed: {e}")),
                 };
+                drop(busy);
                 (groups, out)
             });
         }

@@ -791,6 +791,7 @@ async fn run_processes(opts: RunOptions, learner_loss: LearnerLoss) -> Result<Su
         current: None,
         versions: HashMap::new(),
         next_actor: 0,
+        busy: Default::default(),
     };
     let version = resumed.as_ref().map_or(0, |r| r.0);
     driver.publish(version, true).await?;
