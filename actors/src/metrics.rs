@@ -224,7 +224,7 @@ metrics! {
     groups_trained_total: IntCounter => "rlmesh_groups_trained_total",
         "Prompt groups the learner trained on.";
     groups_dropped_total: IntCounterVec["reason"] => "rlmesh_groups_dropped_total",
-        "Prompt groups dropped without training (reason: stale, failed, …).";
+        "Prompt groups dropped without training (reason: stale, run_ended, uniform = every rollout scored alike, dropped by dynamic sampling).";
     peer_rejected_total: IntCounterVec["plane", "reason"] => "rlmesh_peer_rejected_total",
         "Input from peers this process refused, and went on serving (plane: control or data; reason: malformed, version, kind, too_large, unauthenticated, payload, handshake = a session that never authenticated, unexpected = a message of the wrong type, unknown_peer, duplicate = a second process claiming a taken name or rank, superseded = a replaced process speaking up); each is named in the log with the peer's address.";
     peers_lost_total: IntCounterVec["peer"] => "rlmesh_peers_lost_total",
@@ -232,7 +232,7 @@ metrics! {
 }
 
 /// Reasons a group is dropped untrained (`rlmesh_groups_dropped_total{reason}`).
-pub const DROP_REASONS: [&str; 2] = ["stale", "run_ended"];
+pub const DROP_REASONS: [&str; 3] = ["stale", "run_ended", "uniform"];
 
 /// The phases of an RL step (`rlmesh_step_phase_seconds{phase}`).
 pub const STEP_PHASES: [&str; 7] = ["generate", "tools", "reward", "queue_wait", "train", "all_reduce", "sync"];

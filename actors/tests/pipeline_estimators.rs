@@ -1,8 +1,8 @@
 //! Each estimator in the training loop, short, on multi-step tool tasks: the
 //! batch the learner was sent (`--record-batches`) carries the advantages the
 //! estimator defines, recomputed here from the reward actor's own rows
-//! (`rollouts.jsonl`); StepTool's value loss falls; and the four runs share
-//! one warm-up.
+//! (`rollouts.jsonl`); StepTool's value loss falls; dynamic sampling drops
+//! uniform groups within its budget; and the five runs share one warm-up.
 use rlmesh_actors::controller::recipe::Recipe;
 use rlmesh_actors::controller::run::{run, RunOptions, Summary};
 use serde_json::Value;
@@ -18,6 +18,10 @@ fn tokenizer_dir() -> PathBuf {
 const STEPS: u64 = 10;
 
 fn recipe(estimator: &str) -> Recipe {
+    recipe_with(estimator, "")
+}
+
+fn recipe_with(estimator: &str, rl_extra: &str) -> Recipe {
     let text = format!(
         r#"
 reward = "hierr"
@@ -51,6 +55,7 @@ groups_per_step = 4
 max_turns = 4
 max_new_tokens = 40
 mode = "sync"
+{rl_extra}
 "#
     );
     Recipe::parse("multistep-test.toml", &text).unwrap()
@@ -254,6 +259,56 @@ fn check_steptool(seqs: &[Trained], dir: &Path) {
     assert!(last < first, "the value loss did not fall: {losses:?}");
 }
 
+/// Dynamic sampling, `max_draws` = 3 with 4 groups a step: the ledger drops
+/// at most 8 groups ("uniform") before each step; a step that stayed within
+/// that budget (as did the one before it) trains only groups with a non-zero advantage; each group is
+/// trained or dropped exactly once; and the trained advantages are GRPO's.
+fn check_dynamic_sampling(dir: &Path, seqs: &[Trained]) {
+    let mut before_step: Vec<usize> = vec![0; STEPS as usize + 1];
+    let mut pending = 0;
+    let mut ends: std::collections::HashMap<u64, usize> = Default::default();
+    for e in jsonl(&dir.join("ledger.jsonl")) {
+        match e["event"].as_str().unwrap() {
+            "dropped" => {
+                assert_eq!(e["reason"], "uniform", "{e}");
+                pending += 1;
+                *ends.entry(e["group"].as_u64().unwrap()).or_default() += 1;
+            }
+            "trained" => {
+                let step = e["step"].as_u64().unwrap() as usize;
+                before_step[step] += std::mem::take(&mut pending);
+                *ends.entry(e["group"].as_u64().unwrap()).or_default() += 1;
+            }
+            _ => {}
+        }
+    }
+    assert!(ends.values().all(|n| *n == 1), "a group trained or dropped twice: {ends:?}");
+    let budget = (3 - 1) * 4;
+    assert!(before_step.iter().all(|n| *n <= budget), "drops per step over the budget of {budget}: {before_step:?}");
+    let dropped: usize = before_step.iter().sum();
+    eprintln!("dynamic sampling: uniform groups dropped before each step {before_step:?}");
+    assert!(dropped > 0, "no group was uniform: the check saw nothing to drop");
+    let batches = jsonl(&dir.join("batches.jsonl"));
+    let mut informative_steps = 0;
+    for (b, step) in batches.iter().zip(1..) {
+        // Past the budget, uniform groups are trained as they come: in that
+        // step, or (left over in the queue) in the next.
+        if before_step[step] == budget || before_step[step - 1] == budget {
+            continue;
+        }
+        informative_steps += 1;
+        let mut by_group: std::collections::BTreeMap<u64, f64> = Default::default();
+        for s in b["sequences"].as_array().unwrap() {
+            let top = s["advantages"].as_array().unwrap().iter().map(|a| a.as_f64().unwrap().abs()).fold(0.0, f64::max);
+            let e = by_group.entry(s["group"].as_u64().unwrap()).or_default();
+            *e = e.max(top);
+        }
+        assert!(by_group.values().all(|top| *top > 1e-6), "step {step} trained a group with all-zero advantages: {by_group:?}");
+    }
+    assert!(informative_steps > 0, "every step spent its budget: the check saw no filtered step");
+    check_grpo(seqs);
+}
+
 #[test]
 fn each_estimator_trains_on_its_own_advantages_after_one_shared_warm_up() {
     let root = tempfile::tempdir().unwrap();
@@ -263,11 +318,13 @@ fn each_estimator_trains_on_its_own_advantages_after_one_shared_warm_up() {
         ("slca", "name = \"slca\"\nw_process = 1.0\nw_summary = 1.0"),
         ("steptool", "name = \"steptool\"\nkl_coef = 0.3\ngamma = 0.99\nlam = 0.95"),
         ("critic_free", "name = \"steptool_critic_free\"\ngamma = 0.99"),
+        ("dynamic", "name = \"grpo\""),
     ];
     let mut after_warmup = vec![];
     for (i, (name, table)) in estimators.iter().enumerate() {
         let dir = root.path().join(name);
-        let summary: Summary = rt.block_on(run(options(&dir, recipe(table)))).unwrap_or_else(|e| panic!("{name}: {e}"));
+        let r = if *name == "dynamic" { recipe_with(table, "dynamic_sampling = true\nmax_draws = 3") } else { recipe(table) };
+        let summary: Summary = rt.block_on(run(options(&dir, r))).unwrap_or_else(|e| panic!("{name}: {e}"));
         assert_eq!(summary.steps, STEPS);
         let log = std::fs::read_to_string(dir.join("progress.log")).unwrap();
         assert_eq!(log.contains("starting from the shared warm-up"), i > 0, "{name}: {log}");
@@ -277,6 +334,7 @@ fn each_estimator_trains_on_its_own_advantages_after_one_shared_warm_up() {
             "grpo" => check_grpo(&seqs),
             "slca" => check_slca(&seqs),
             "steptool" => check_steptool(&seqs, &dir),
+            "dynamic" => check_dynamic_sampling(&dir, &seqs),
             _ => check_critic_free(&seqs),
         }
     }

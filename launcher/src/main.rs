@@ -69,6 +69,10 @@ fn main() -> ExitCode {
     // Large per-step temporaries stay in the heap instead of being unmapped and faulted in again.
     rlmesh_actors::learner::retain_freed_memory();
     let cli = Cli::parse();
+    if let Err(e) = rlmesh_model::isa::check_env() {
+        eprintln!("error: {e}");
+        return ExitCode::from(2);
+    }
     let result = match cli.command {
         Command::Up(a) => cmd::up::up(a),
         Command::Submit(a) => cmd::slurm::submit(a),

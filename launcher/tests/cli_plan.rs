@@ -78,3 +78,22 @@ fn a_closed_pipe_ends_the_launcher_quietly() {
     assert!(!err.contains("panicked"), "{err}");
     assert_eq!(out.status.signal(), Some(13), "ended by SIGPIPE, not {:?}", out.status);
 }
+
+#[test]
+fn an_unknown_instruction_set_cap_is_refused_with_exit_2() {
+    let run = |isa: &str| {
+        std::process::Command::new(env!("CARGO_BIN_EXE_launcher"))
+            .args(["plan", "deploy/local.toml"])
+            .current_dir(repo())
+            .env("RLMESH_CPU_ISA", isa)
+            .output()
+            .expect("run launcher")
+    };
+    let o = run("sse9");
+    assert_eq!(code(&o), 2, "{}", stderr(&o));
+    assert!(stderr(&o).contains("RLMESH_CPU_ISA=\"sse9\"") && stderr(&o).contains("avx2"), "{}", stderr(&o));
+    for ok in ["avx2", "baseline", "native", ""] {
+        let o = run(ok);
+        assert_eq!(code(&o), 0, "{ok}: {}", stderr(&o));
+    }
+}

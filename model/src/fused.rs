@@ -309,12 +309,12 @@ impl Attention {
     #[allow(clippy::too_many_arguments)]
     fn row(&self, r: usize, q: &[f32], keys_t: &[f32], values: &[f32], valid: Option<&[bool]>, scores: &mut [f32], out: &mut [f32]) {
         #[cfg(target_arch = "x86_64")]
-        if std::arch::is_x86_feature_detected!("avx512f") && std::arch::is_x86_feature_detected!("fma") {
+        if crate::isa::avx512() {
             // SAFETY: the CPU has the features.
             return unsafe { self.row_avx512(r, q, keys_t, values, valid, scores, out) };
         }
         #[cfg(target_arch = "x86_64")]
-        if std::arch::is_x86_feature_detected!("avx2") && std::arch::is_x86_feature_detected!("fma") {
+        if crate::isa::avx2_fma() {
             // SAFETY: the CPU has the features.
             return unsafe { self.row_avx2(r, q, keys_t, values, valid, scores, out) };
         }

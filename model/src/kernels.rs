@@ -39,12 +39,12 @@ pub fn greedy_rows(logits: &Tensor) -> Option<(Vec<i64>, Vec<f32>)> {
 /// a NaN or is empty (libtorch's `argmax` picks the first NaN; the caller defers to it).
 pub fn argmax_row(row: &[f32]) -> Option<(usize, f32)> {
     #[cfg(target_arch = "x86_64")]
-    if std::arch::is_x86_feature_detected!("avx512f") && std::arch::is_x86_feature_detected!("fma") {
+    if crate::isa::avx512() {
         // SAFETY: the CPU has the features.
         return unsafe { argmax_avx512(row) };
     }
     #[cfg(target_arch = "x86_64")]
-    if std::arch::is_x86_feature_detected!("avx2") && std::arch::is_x86_feature_detected!("fma") {
+    if crate::isa::avx2_fma() {
         // SAFETY: the CPU has the features.
         return unsafe { argmax_avx2(row) };
     }
@@ -55,12 +55,12 @@ pub fn argmax_row(row: &[f32]) -> Option<(usize, f32)> {
 /// and every term ≤ 1). Each term is within 2 ulp of the exact exponential.
 pub fn sum_exp_below(row: &[f32], max: f32) -> f32 {
     #[cfg(target_arch = "x86_64")]
-    if std::arch::is_x86_feature_detected!("avx512f") && std::arch::is_x86_feature_detected!("fma") {
+    if crate::isa::avx512() {
         // SAFETY: the CPU has the features.
         return unsafe { sum_exp_avx512(row, max) };
     }
     #[cfg(target_arch = "x86_64")]
-    if std::arch::is_x86_feature_detected!("avx2") && std::arch::is_x86_feature_detected!("fma") {
+    if crate::isa::avx2_fma() {
         // SAFETY: the CPU has the features.
         return unsafe { sum_exp_avx2(row, max) };
     }
@@ -255,5 +255,50 @@ mod tests {
         for (a, b) in logprobs.iter().zip(&theirs) {
             assert!((a - b).abs() < 2e-6, "log-prob {a} vs libtorch {b}");
         }
+    }
+
+    /// Every build of the kernels this CPU can run (AVX-512, AVX2 + FMA, the
+    /// baseline) gives the same answers, bit for bit: the fallbacks an
+    /// AVX2-only CPU takes are exercised here even on an AVX-512 machine.
+    #[test]
+    fn every_instruction_set_gives_the_same_bits() {
+        let detected = crate::isa::Isa::detected();
+        let mut state = 3u64;
+        let mut checked = 0;
+        for len in (1..70).chain([1000, 49_153]) {
+            for pool in [3u64, 1000] {
+                let mut row: Vec<f32> = (0..len)
+                    .map(|_| match splitmix(&mut state) % pool {
+                        0 => f32::NEG_INFINITY,
+                        k => k as f32 * 0.25 - 100.0,
+                    })
+                    .collect();
+                let want = argmax_scan(&row);
+                let max = want.map_or(f32::NEG_INFINITY, |(_, m)| m);
+                let sum = sum_exp_scan(&row, max);
+                #[cfg(target_arch = "x86_64")]
+                {
+                    use crate::isa::Isa;
+                    if detected >= Isa::Avx2 {
+                        // SAFETY: the CPU has AVX2 and FMA.
+                        unsafe {
+                            assert_eq!(argmax_avx2(&row), want, "avx2 argmax, length {len}");
+                            assert_eq!(sum_exp_avx2(&row, max).to_bits(), sum.to_bits(), "avx2 sum, length {len}");
+                        }
+                        checked += 1;
+                    }
+                    if detected >= Isa::Avx512 {
+                        // SAFETY: the CPU has AVX-512F, AVX2 and FMA.
+                        unsafe {
+                            assert_eq!(argmax_avx512(&row), want, "avx512 argmax, length {len}");
+                            assert_eq!(sum_exp_avx512(&row, max).to_bits(), sum.to_bits(), "avx512 sum, length {len}");
+                            row[len / 2] = f32::NAN;
+                            assert_eq!(argmax_avx512(&row), None, "a NaN, length {len}");
+                        }
+                    }
+                }
+            }
+        }
+        eprintln!("{detected:?}: {checked} rows compared across instruction sets");
     }
 }

@@ -13,7 +13,7 @@
 //! - [`generate`] is the batched generation engine with a preallocated
 //!   [`cache::KvCache`], seeded sampling, stop tokens and strings; on CPU its
 //!   decode steps run in [`fused`], its output projection in [`packed`], and
-//!   greedy picks in [`kernels`].
+//!   greedy picks in [`kernels`]; [`isa`] says which vector extensions those use.
 //! - [`tokenizer`] wraps `tokenizer.json` and renders the model's chat template
 //!   with minijinja exactly as transformers' `apply_chat_template` does.
 #![warn(missing_docs)]
@@ -24,6 +24,7 @@ pub mod error;
 pub mod fused;
 pub mod generate;
 pub mod io;
+pub mod isa;
 pub mod kernels;
 mod mkl;
 pub mod packed;

@@ -62,6 +62,25 @@ impl Advantages {
     }
 }
 
+/// Whether training on `group` can move the policy: some token has a
+/// non-zero advantage. A group whose rollouts all scored alike gives GRPO,
+/// RLOO, SLCA-GRPO and critic-free StepTool zero advantages everywhere (DAPO's
+/// dynamic sampling drops it); StepTool with a critic always counts, since its
+/// value head makes advantages of equal rewards.
+pub fn informative(group: &ScoredGroup, how: &Advantages) -> Result<bool, AdvantageError> {
+    if let Advantages::StepTool { .. } = how {
+        return Ok(true);
+    }
+    let batch = train_batch(std::slice::from_ref(group), how)?;
+    Ok(batch.sequences.iter().any(|s| s.advantages.iter().any(|a| a.abs() > UNIFORM_EPS)))
+}
+
+/// Advantages at most this large count as zero in [`informative`]: equal
+/// rewards can leave a rounding residue of about 1e-16, which GRPO's
+/// `σ + 1e-4` turns into 1e-12, not 0; a real difference of rewards in
+/// [0, 1] that is worth a gradient is many orders above it.
+pub const UNIFORM_EPS: f32 = 1e-6;
+
 /// The sequence of one trajectory with its per-token advantages.
 fn sequence(t: &rlmesh_core::Trajectory, advantages: Vec<f32>) -> TrainSequence {
     TrainSequence {
@@ -133,4 +152,113 @@ pub fn train_batch(groups: &[ScoredGroup], how: &Advantages) -> Result<TrainBatc
         }
     }
     Ok(TrainBatch { sequences })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::controller::recipe::RewardKind;
+    use crate::reward::{JudgeSpec, RewardSpec, Scorer};
+    use rlmesh_core::advantage::slca::SlcaParams;
+    use rlmesh_core::{GoldCall, Group, Span, Step, StopReason, Task, Trajectory};
+    use serde_json::json;
+
+    fn task() -> Task {
+        Task {
+            id: "add".into(),
+            prompt: "Use the calculator to compute 2 + 3.".into(),
+            requires_tool: true,
+            allowed_tools: vec!["calculator".into()],
+            gold_tool_calls: vec![vec![GoldCall { name: "calculator".into(), arguments: json!({"operation": "add", "a": 2, "b": 3}) }]],
+            expected_answer: Some("5".into()),
+            environment: None,
+            env_state: None,
+        }
+    }
+
+    /// A call turn (`add(2, b)`) and a reply turn stating its result: 2
+    /// prompt tokens, 2 call tokens, 2 of tool result, 2 of reply.
+    fn rollout(i: usize, b: i64) -> Trajectory {
+        let result = (2 + b).to_string();
+        let step = Step {
+            turn: 0,
+            index: 0,
+            name: "calculator".into(),
+            arguments: json!({"operation": "add", "a": 2, "b": b}),
+            result: result.clone(),
+            success: true,
+            error: None,
+            latency_ms: 0.1,
+            repeated: false,
+        };
+        Trajectory {
+            task_id: "add".into(),
+            sample_index: i,
+            prompt_len: 2,
+            rendered_prompt: String::new(),
+            token_ids: vec![1; 8],
+            loss_mask: vec![0, 0, 1, 1, 0, 0, 1, 1],
+            logprobs: vec![0.0, 0.0, -0.5, -0.5, 0.0, 0.0, -0.5, -0.5],
+            versions: vec![0; 8],
+            segments: vec![Span { start: 2, end: 4 }],
+            summary: Some(Span { start: 6, end: 8 }),
+            steps: vec![step],
+            format_errors: vec![],
+            messages: vec![],
+            completion: format!("The answer is {result}."),
+            final_answer: format!("The answer is {result}."),
+            stop_reason: StopReason::Answered,
+        }
+    }
+
+    /// The reward actor's own scores of a group whose rollouts call `add(2, b)` with these `b`.
+    fn scored(bs: &[i64]) -> ScoredGroup {
+        let scorer = Scorer::new(&RewardSpec { kind: RewardKind::Process, judge: JudgeSpec::Rule }).unwrap();
+        scorer.score(Group { group_id: 7, task: task(), trajectories: bs.iter().enumerate().map(|(i, &b)| rollout(i, b)).collect() })
+    }
+
+    const ESTIMATORS: [Advantages; 4] = [
+        Advantages::Grpo(ScaleRewards::Group),
+        Advantages::Grpo(ScaleRewards::None),
+        Advantages::Rloo,
+        Advantages::Slca(SlcaParams { w_process: 1.0, w_summary: 1.0, norm_by_std: true }),
+    ];
+
+    #[test]
+    fn a_group_scored_alike_is_uninformative_and_one_that_differs_is_not() {
+        let right = scored(&[3, 3, 3, 3]);
+        let wrong = scored(&[4, 4, 4, 4]);
+        let mixed = scored(&[3, 4, 3, 3]);
+        assert!(mixed.scores[0].total > mixed.scores[1].total, "the reward tells the right call from the wrong one");
+        assert!(mixed.scores[0].segments.process > mixed.scores[1].segments.process, "and so do the segment rewards");
+        for how in ESTIMATORS {
+            assert!(!informative(&right, &how).unwrap(), "{how:?}: all right");
+            assert!(!informative(&wrong, &how).unwrap(), "{how:?}: all wrong alike");
+            assert!(informative(&mixed, &how).unwrap(), "{how:?}: one wrong call");
+        }
+        // Critic-free StepTool normalises the discounted step returns over every
+        // turn of the group (here 1 + 0.99 and 1), so the turns move the policy
+        // even when all rollouts are alike; StepTool's value head makes
+        // advantages of equal rewards.
+        let critic_free = Advantages::CriticFree { gamma: 0.99, upstream_weighting: false };
+        assert_eq!(right.scores[0].segments.step_rewards, vec![1.0, 1.0]);
+        assert!(informative(&right, &critic_free).unwrap());
+        assert!(informative(&mixed, &critic_free).unwrap());
+        assert!(informative(&right, &Advantages::StepTool { upstream_weighting: false }).unwrap());
+    }
+
+    #[test]
+    fn a_rounding_residue_of_equal_rewards_is_not_a_signal() {
+        // 0.1 + 0.2 ≠ 0.3 in f64: rewards equal up to rounding give GRPO a residue
+        // of about 1e-16 / (σ + 1e-4) ≈ 1e-12, below UNIFORM_EPS.
+        let mut g = scored(&[3, 3, 3]);
+        let totals = [0.1 + 0.2, 0.3, 0.3];
+        for (s, t) in g.scores.iter_mut().zip(totals) {
+            s.total = t;
+        }
+        assert_ne!(totals[0], totals[1]);
+        assert!(!informative(&g, &Advantages::Grpo(ScaleRewards::Group)).unwrap());
+        g.scores[0].total = 0.31;
+        assert!(informative(&g, &Advantages::Grpo(ScaleRewards::Group)).unwrap());
+    }
 }

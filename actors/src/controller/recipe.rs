@@ -30,6 +30,7 @@
 //! group_size = 8
 //! groups_per_step = 8
 //! mode = "one_step_off"         # "sync" | "one_step_off" | "async" (+ max_staleness)
+//! dynamic_sampling = false      # true: drop groups whose advantages are all zero, draw others (max_draws)
 //! ```
 //!
 //! Sizes have upper bounds, each with its reason ([`bounds`]).
@@ -62,6 +63,8 @@ pub mod bounds {
     pub const GROUP_SIZE: usize = 1024;
     /// `rl.groups_per_step` ≤ 4096: a step's groups are held in memory until the learner takes them.
     pub const GROUPS_PER_STEP: usize = 4096;
+    /// `rl.max_draws` ≤ 64: past that, dynamic sampling generates 63 groups for nothing per group it trains.
+    pub const MAX_DRAWS: usize = 64;
     /// `rl.max_turns` ≤ 1024: each turn is a generation call and a tool call; tool-use benchmarks need under 50.
     pub const MAX_TURNS: usize = 1024;
     /// `rl.max_new_tokens` ≤ 131072: a turn cannot outgrow the longest context of the models rlmesh loads (128k).
@@ -406,6 +409,17 @@ pub struct Rl {
     /// restarts from the newest.
     #[serde(default = "default_checkpoint_every")]
     pub checkpoint_every: u64,
+    /// DAPO's dynamic sampling (default off): a scored group whose advantages
+    /// are all zero (every rollout scored alike) teaches nothing, so it is
+    /// dropped (ledger and `rlmesh_groups_dropped_total{reason="uniform"}`)
+    /// and another group is drawn in its place.
+    #[serde(default)]
+    pub dynamic_sampling: bool,
+    /// With `dynamic_sampling`, at most this many groups are drawn per group a
+    /// step trains (default 4); past that budget, uniform groups are trained
+    /// as they come, so a solved task mix cannot stall the run.
+    #[serde(default = "default_max_draws")]
+    pub max_draws: usize,
 }
 
 /// The mode as a recipe spells it.
@@ -449,6 +463,9 @@ fn default_sft_lr() -> f64 {
 }
 fn default_checkpoint_every() -> u64 {
     25
+}
+fn default_max_draws() -> usize {
+    4
 }
 
 fn default_sft_micro() -> usize {
@@ -548,6 +565,8 @@ impl Default for Rl {
             mode: default_mode(),
             max_staleness: None,
             checkpoint_every: default_checkpoint_every(),
+            dynamic_sampling: false,
+            max_draws: default_max_draws(),
         }
     }
 }
@@ -717,6 +736,8 @@ impl Recipe {
         at_least("rl.group_size", r.group_size as f64, 2.0)?;
         at_least("rl.groups_per_step", r.groups_per_step as f64, 1.0)?;
         at_least("rl.checkpoint_every", r.checkpoint_every as f64, 1.0)?;
+        at_least("rl.max_draws", r.max_draws as f64, 1.0)?;
+        at_most("rl.max_draws", r.max_draws as f64, bounds::MAX_DRAWS as f64, "uniform groups dropped in one step are generated for nothing")?;
         positive("rl.temperature", r.temperature)?;
         at_least("rl.max_turns", r.max_turns as f64, 1.0)?;
         at_least("rl.max_new_tokens", r.max_new_tokens as f64, 1.0)?;

@@ -3,7 +3,7 @@
 //! scored groups pass the staleness gate, the learner steps, and each new
 //! version is published to the rollout actors. Every group's life is in the
 //! ledger; every step leaves a `metrics.jsonl` row and its rollouts' rows.
-use super::batch::{train_batch, Advantages};
+use super::batch::{informative, train_batch, Advantages};
 use super::driver::Driver;
 use super::ledger::Ledger;
 use super::progress::{eta, Progress};
@@ -57,6 +57,8 @@ pub(super) struct RlLoop<'a> {
     /// Groups whose work was lost, to send out first.
     retry: VecDeque<(u64, Task)>,
     inflight: JoinSet<Request>,
+    /// Groups in the requests out.
+    inflight_groups: usize,
     /// Scored groups waiting for the learner, each with the time it was scored.
     ready: VecDeque<(Instant, ScoredGroup)>,
     /// The next new group's training task (group id g is training task g).
@@ -75,6 +77,8 @@ pub(super) struct RlLoop<'a> {
     last_record: Instant,
     rl_start: Instant,
     rl_first: u64,
+    /// Uniform groups dropped since the last step (dynamic sampling), against its budget.
+    uniform_dropped: usize,
 }
 
 impl<'a> RlLoop<'a> {
@@ -98,6 +102,7 @@ impl<'a> RlLoop<'a> {
             ledger,
             retry,
             inflight: JoinSet::new(),
+            inflight_groups: 0,
             ready: VecDeque::new(),
             step: start.step,
             version,
@@ -109,6 +114,7 @@ impl<'a> RlLoop<'a> {
             last_record: now,
             rl_start: now,
             rl_first: start.step,
+            uniform_dropped: 0,
             cx,
         })
     }
@@ -137,6 +143,7 @@ impl<'a> RlLoop<'a> {
             self.fill(driver).await?;
             let Some(joined) = self.inflight.join_next().await else { break };
             let (groups, result) = joined.map_err(|e| RunError::Actor { actor: "controller", message: e.to_string() })?;
+            self.inflight_groups -= groups.len();
             match result {
                 Ok(res) => self.receive(driver, res).await?,
                 Err(e) => {
@@ -160,16 +167,22 @@ impl<'a> RlLoop<'a> {
         self.drain().await
     }
 
-    /// Keeps the rollout actors `ahead` steps in front of the learner: out or
-    /// waiting, never more than the steps still to train (a stale or lost request is replaced).
+    /// Keeps the rollout actors `ahead` steps in front of the learner: groups
+    /// out or waiting for `1 + ahead` steps, never more than the steps still
+    /// to train (a stale or lost group is replaced). A request carries a
+    /// step's groups, or only those still missing when dynamic sampling has
+    /// dropped some: a request of a whole step then would leave groups over,
+    /// to go stale behind the next step.
     async fn fill(&mut self, driver: &mut Driver) -> Result<(), RunError> {
         let (recipe, metrics) = (self.cx.recipe, self.cx.metrics);
-        let gps = recipe.rl.groups_per_step;
+        let gps = recipe.rl.groups_per_step.max(1);
         let ahead = recipe.mode().max_staleness() as usize;
-        let wanted = (1 + ahead).min((self.cx.steps - self.step) as usize);
-        while self.inflight.len() + self.ready.len() / gps.max(1) < wanted {
-            let groups = next_groups(gps, &mut self.retry, &mut self.ledger, self.cx.train, &mut self.cursor, self.version, metrics)?;
+        let wanted = (1 + ahead).min((self.cx.steps - self.step) as usize) * gps;
+        while self.inflight_groups + self.ready.len() < wanted {
+            let n = (wanted - self.inflight_groups - self.ready.len()).min(gps);
+            let groups = next_groups(n, &mut self.retry, &mut self.ledger, self.cx.train, &mut self.cursor, self.version, metrics)?;
             self.dispatched_requests += 1;
+            self.inflight_groups += groups.len();
             let (target, busy) = driver.pick().await?;
             let seed = recipe.seed.wrapping_mul(1_000_003).wrapping_add(self.dispatched_requests);
             let req = RolloutRequest { groups: groups.clone(), purpose: Purpose::Train, seed };
@@ -197,12 +210,30 @@ impl<'a> RlLoop<'a> {
         let scoring = Instant::now();
         let scored = driver.score(res).await?;
         self.phases.reward += scoring.elapsed().as_secs_f64();
-        for g in &scored {
-            self.ledger.scored(g.group.group_id)?;
-        }
         let now = Instant::now();
-        self.ready.extend(scored.into_iter().map(|g| (now, g)));
+        for g in scored {
+            self.ledger.scored(g.group.group_id)?;
+            if self.drops_uniform(&g)? {
+                self.ledger.dropped(g.group.group_id, "uniform")?;
+                self.cx.metrics.groups_dropped_total.with_label_values(&["uniform"]).inc();
+                self.uniform_dropped += 1;
+            } else {
+                self.ready.push_back((now, g));
+            }
+        }
         Ok(())
+    }
+
+    /// Dynamic sampling: whether `g` is dropped for teaching nothing. Within a
+    /// step's budget of `(max_draws − 1) × groups_per_step` drops only; past
+    /// it, uniform groups are trained as they come.
+    fn drops_uniform(&self, g: &ScoredGroup) -> Result<bool, RunError> {
+        let rl = &self.cx.recipe.rl;
+        if !rl.dynamic_sampling || self.uniform_dropped >= (rl.max_draws - 1) * rl.groups_per_step {
+            return Ok(false);
+        }
+        let useful = informative(g, &self.estimator).map_err(|e| RunError::Actor { actor: "controller", message: format!("advantages: {e}") })?;
+        Ok(!useful)
     }
 
     /// One step's batch: the gate admits what is fresh enough, the learner
@@ -224,6 +255,7 @@ impl<'a> RlLoop<'a> {
         self.phases.train += training.elapsed().as_secs_f64();
         self.phases.all_reduce += stats.allreduce_seconds;
         self.step += 1;
+        self.uniform_dropped = 0;
         let step = self.step;
         metrics.observe_rollouts(admitted.iter().flat_map(|g| &g.group.trajectories), &self.cx.tools);
         for g in &admitted {

@@ -313,7 +313,7 @@ impl AdamWScalars {
 pub fn adamw_moments(g: &[f32], m: &mut [f32], v: &mut [f32], s: &AdamWScalars) {
     assert!(m.len() == g.len() && v.len() == g.len(), "adamw_moments: lengths differ");
     #[cfg(target_arch = "x86_64")]
-    if std::arch::is_x86_feature_detected!("avx2") && std::arch::is_x86_feature_detected!("fma") {
+    if rlmesh_model::isa::avx2_fma() {
         // SAFETY: the CPU has both features.
         unsafe { moments_avx2_fma(g, m, v, s) };
         return;
@@ -387,7 +387,7 @@ mod tests {
         }
         // With hardware FMA libtorch's vectorised kernels round where the fused loop does: bit-identical.
         #[cfg(target_arch = "x86_64")]
-        let tolerance = if std::arch::is_x86_feature_detected!("fma") { 0.0 } else { 1e-6 };
+        let tolerance = if rlmesh_model::isa::avx2_fma() { 0.0 } else { 1e-6 };
         #[cfg(not(target_arch = "x86_64"))]
         let tolerance = 1e-6;
         for i in 0..2 {
