@@ -267,7 +267,7 @@ fn recipe_defaults_fill_everything_but_the_reward_and_task_count() {
 #[test]
 fn recipe_errors_name_the_file_line_and_field() {
     let base = read("configs/calculator-process.toml");
-    let cases: [(&str, &str, &str, &str); 8] = [
+    let cases: [(&str, &str, &str, &str); 10] = [
         ("held_out = 200", "held_out = 50", "held_out = 50", "field \"tasks.held_out\": must be at least 100, got 50"),
         ("temperature = 1.0", "temprature = 1.0", "temprature", "field \"rl.temprature\": unknown field `temprature`"),
         ("mode = \"one_step_off\"", "mode = \"sync\"\nmax_staleness = 2", "max_staleness = 2", "field \"rl.max_staleness\": mode \"sync\" means 0, got 2"),
@@ -276,6 +276,8 @@ fn recipe_errors_name_the_file_line_and_field() {
         ("name = \"grpo\"", "name = \"dr_grpo\"", "scale_rewards", "field \"estimator.scale_rewards\": dr_grpo does not scale rewards: only \"none\""),
         ("tools = [\"calculator\"]", "tools = [\"calculator\", \"abacus\"]", "abacus", "field \"tools[1]\": unknown tool \"abacus\" (known: calculator, inventory)"),
         ("group_size = 8", "group_size = 1", "group_size = 1", "field \"rl.group_size\": must be at least 2, got 1"),
+        ("group_size = 8", "group_size = 8\nmax_draws = 4", "max_draws", "field \"rl.max_draws\": only dynamic_sampling = true uses it; set that or remove this"),
+        ("group_size = 8", "group_size = 8\ndynamic_sampling = true\nmax_draws = 65", "max_draws", "field \"rl.max_draws\": must be at most 64"),
     ];
     for (from, to, at, expected) in cases {
         let text = edit(&base, from, to);

@@ -416,10 +416,10 @@ pub struct Rl {
     #[serde(default)]
     pub dynamic_sampling: bool,
     /// With `dynamic_sampling`, at most this many groups are drawn per group a
-    /// step trains (default 4); past that budget, uniform groups are trained
-    /// as they come, so a solved task mix cannot stall the run.
-    #[serde(default = "default_max_draws")]
-    pub max_draws: usize,
+    /// step trains (default 4, [`Rl::max_draws`]); past that budget, uniform
+    /// groups are trained as they come, so a solved task mix cannot stall the run.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub max_draws: Option<usize>,
 }
 
 /// The mode as a recipe spells it.
@@ -464,8 +464,14 @@ fn default_sft_lr() -> f64 {
 fn default_checkpoint_every() -> u64 {
     25
 }
-fn default_max_draws() -> usize {
-    4
+/// `rl.max_draws` when the recipe gives none.
+pub const DEFAULT_MAX_DRAWS: usize = 4;
+
+impl Rl {
+    /// Groups drawn at most per group a step trains, with dynamic sampling.
+    pub fn max_draws(&self) -> usize {
+        self.max_draws.unwrap_or(DEFAULT_MAX_DRAWS)
+    }
 }
 
 fn default_sft_micro() -> usize {
@@ -566,7 +572,7 @@ impl Default for Rl {
             max_staleness: None,
             checkpoint_every: default_checkpoint_every(),
             dynamic_sampling: false,
-            max_draws: default_max_draws(),
+            max_draws: None,
         }
     }
 }
@@ -736,8 +742,13 @@ impl Recipe {
         at_least("rl.group_size", r.group_size as f64, 2.0)?;
         at_least("rl.groups_per_step", r.groups_per_step as f64, 1.0)?;
         at_least("rl.checkpoint_every", r.checkpoint_every as f64, 1.0)?;
-        at_least("rl.max_draws", r.max_draws as f64, 1.0)?;
-        at_most("rl.max_draws", r.max_draws as f64, bounds::MAX_DRAWS as f64, "uniform groups dropped in one step are generated for nothing")?;
+        if let Some(d) = r.max_draws {
+            if !r.dynamic_sampling {
+                return Err(Invalid::new("rl.max_draws", "only dynamic_sampling = true uses it; set that or remove this"));
+            }
+            at_least("rl.max_draws", d as f64, 1.0)?;
+            at_most("rl.max_draws", d as f64, bounds::MAX_DRAWS as f64, "uniform groups dropped in one step are generated for nothing")?;
+        }
         positive("rl.temperature", r.temperature)?;
         at_least("rl.max_turns", r.max_turns as f64, 1.0)?;
         at_least("rl.max_new_tokens", r.max_new_tokens as f64, 1.0)?;

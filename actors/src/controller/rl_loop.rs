@@ -229,7 +229,7 @@ impl<'a> RlLoop<'a> {
     /// it, uniform groups are trained as they come.
     fn drops_uniform(&self, g: &ScoredGroup) -> Result<bool, RunError> {
         let rl = &self.cx.recipe.rl;
-        if !rl.dynamic_sampling || self.uniform_dropped >= (rl.max_draws - 1) * rl.groups_per_step {
+        if !rl.dynamic_sampling || self.uniform_dropped >= (rl.max_draws() - 1) * rl.groups_per_step {
             return Ok(false);
         }
         let useful = informative(g, &self.estimator).map_err(|e| RunError::Actor { actor: "controller", message: format!("advantages: {e}") })?;
