@@ -7,7 +7,7 @@ mod learner_common;
 use learner_common::*;
 use rlmesh_actors::learner::rank::{JobBatches, RankJob, RankStep};
 use rlmesh_actors::learner::*;
-use rlmesh_comm::testing::{free_loopback_addr, run_ranks, RankOutput, WorkerCommand};
+use rlmesh_comm::testing::{run_ranks_on_free_port, RankOutput, WorkerCommand};
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 use tch::Tensor;
@@ -43,10 +43,10 @@ fn run(dir: &Path, world: usize, jobs: &[RankJob]) -> Vec<RankOutput> {
             p
         })
         .collect();
-    let addr = free_loopback_addr();
     let cmd = WorkerCommand::new(env!("CARGO_BIN_EXE_rlmesh-learner-rank"));
-    run_ranks(&cmd, world, Duration::from_secs(90), |r| {
-        vec![paths[r.min(paths.len() - 1)].display().to_string(), "--rank".into(), r.to_string(), "--world".into(), world.to_string(), "--addr".into(), addr.clone()]
+    run_ranks_on_free_port(&cmd, world, Duration::from_secs(90), |addr, r| {
+        let args = vec![paths[r.min(paths.len() - 1)].display().to_string(), "--rank".into(), r.to_string(), "--world".into(), world.to_string(), "--addr".into(), addr.to_string()];
+        (args, vec![])
     })
     .unwrap()
 }

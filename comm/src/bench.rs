@@ -28,7 +28,7 @@ use crate::buffer::DType;
 use crate::collective::ReduceOp;
 use crate::error::{CommError, Result};
 pub use crate::testing::WorkerCommand;
-use crate::testing::{free_loopback_addr, run_ranks_env};
+use crate::testing::run_ranks_on_free_port;
 use crate::worker::{WorkerArgs, WorkerOp, WorkerReport};
 
 const MIB: usize = 1 << 20;
@@ -179,9 +179,8 @@ impl WeightSyncReport {
 
 /// Runs `world` worker processes with `edit` applied to each rank's arguments and collects their reports.
 fn run_reports(cfg: &BenchConfig, world: usize, what: &str, edit: impl Fn(&mut WorkerArgs)) -> Result<Vec<WorkerReport>> {
-    let addr = free_loopback_addr();
-    let outs = run_ranks_env(&cfg.worker, world, cfg.deadline, |rank| {
-        let mut a = WorkerArgs::new(rank, world, addr.clone());
+    let outs = run_ranks_on_free_port(&cfg.worker, world, cfg.deadline, |addr, rank| {
+        let mut a = WorkerArgs::new(rank, world, addr.to_string());
         a.iters = cfg.iters;
         a.warmup = cfg.warmup;
         a.block_bytes = cfg.block_bytes;

@@ -92,6 +92,29 @@ pub fn reserved_loopback() -> (String, TcpListener) {
     (addr, l)
 }
 
+/// [`run_ranks_env`] on a rendezvous address probed free
+/// ([`free_loopback_addr`]); `args_for(addr, rank)` gives each rank its
+/// arguments and environment. Rank 0 binds the port a moment after the probe:
+/// when another program took it in between (a rank reports "Address already
+/// in use"), the world runs again on another port, three times in all.
+pub fn run_ranks_on_free_port(
+    cmd: &WorkerCommand,
+    world: usize,
+    deadline: Duration,
+    args_for: impl Fn(&str, usize) -> (Vec<String>, Vec<(&'static str, String)>),
+) -> Result<Vec<RankOutput>> {
+    let mut tries = 0;
+    loop {
+        let addr = free_loopback_addr();
+        let outputs = run_ranks_env(cmd, world, deadline, |rank| args_for(&addr, rank))?;
+        tries += 1;
+        if tries == 3 || !outputs.iter().any(|o| o.stderr.contains("Address already in use")) {
+            return Ok(outputs);
+        }
+        eprintln!("the rendezvous port {addr} was taken between its probe and its bind; running the world again on another");
+    }
+}
+
 /// Spawns one worker per rank with `args_for(rank)`, waits for all of them,
 /// and kills any still running at `deadline` after the start.
 pub fn run_ranks(cmd: &WorkerCommand, world: usize, deadline: Duration, args_for: impl Fn(usize) -> Vec<String>) -> Result<Vec<RankOutput>> {

@@ -175,3 +175,30 @@ fn an_abort_ends_a_blocked_collective_at_once_on_every_rank() {
     assert!(zero.all_reduce(Buf::host(&mut buf), rlmesh_comm::ReduceOp::Sum).is_err());
     assert!(t0.elapsed() < Duration::from_secs(5), "the peer waited {:?}", t0.elapsed());
 }
+
+/// A rendezvous port taken between its probe and rank 0's bind (here: held by
+/// the test for the first try) fails that world with "Address already in
+/// use"; the world runs again on another port and succeeds.
+#[test]
+fn a_world_whose_port_was_taken_runs_again_elsewhere() {
+    let taken = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let taken_addr = taken.local_addr().unwrap().to_string();
+    let tries = std::sync::Mutex::new(0usize);
+    let outs = rlmesh_comm::testing::run_ranks_on_free_port(&common::worker(), 2, common::DEADLINE, |addr, rank| {
+        let mut n = tries.lock().unwrap();
+        if rank == 0 {
+            *n += 1;
+        }
+        let addr = if *n == 1 { taken_addr.clone() } else { addr.to_string() };
+        let mut a = WorkerArgs::new(rank, 2, addr);
+        a.cookie = "test-cookie".into();
+        a.connect_timeout = Duration::from_secs(2);
+        (a.to_args(), a.env())
+    })
+    .unwrap();
+    assert_eq!(*tries.lock().unwrap(), 2, "one failed world, then one on another port");
+    for o in &outs {
+        assert!(o.success(), "rank {} failed on the second port: {}", o.rank, o.stderr);
+    }
+    drop(taken);
+}

@@ -4,7 +4,7 @@
 use std::path::PathBuf;
 use std::time::Duration;
 
-use rlmesh_comm::testing::{free_loopback_addr, run_ranks_env, RankOutput, WorkerCommand};
+use rlmesh_comm::testing::{run_ranks_on_free_port, RankOutput, WorkerCommand};
 use rlmesh_comm::worker::{WorkerArgs, WorkerOp};
 use rlmesh_comm::{Bf16, DType};
 
@@ -58,28 +58,14 @@ impl Run {
     }
 }
 
-/// Runs `world` workers; `edit(rank, &mut args)` customises each rank's arguments.
-///
-/// The rendezvous port is probed free, then bound by rank 0 a moment later;
-/// when another test of this binary took it in between, the world is run
-/// again on another port (up to 3 times).
+/// Runs `world` workers; `edit(rank, &mut args)` customises each rank's
+/// arguments (on another port when the probed one was taken, see
+/// [`run_ranks_on_free_port`]).
 pub fn run_world(world: usize, edit: impl Fn(usize, &mut WorkerArgs)) -> Run {
-    for _ in 0..2 {
-        let run = run_world_once(world, &edit);
-        if !run.outputs.iter().any(|o| o.stderr.contains("cannot listen: Address already in use")) {
-            return run;
-        }
-        eprintln!("the rendezvous port was taken between its probe and its bind; running the world again elsewhere");
-    }
-    run_world_once(world, &edit)
-}
-
-fn run_world_once(world: usize, edit: &impl Fn(usize, &mut WorkerArgs)) -> Run {
     let dir = tempfile::tempdir().expect("temp dir");
-    let addr = free_loopback_addr();
     let paths: Vec<PathBuf> = (0..world).map(|r| dir.path().join(format!("rank{r}.bin"))).collect();
-    let outputs = run_ranks_env(&worker(), world, DEADLINE, |rank| {
-        let mut a = WorkerArgs::new(rank, world, addr.clone());
+    let outputs = run_ranks_on_free_port(&worker(), world, DEADLINE, |addr, rank| {
+        let mut a = WorkerArgs::new(rank, world, addr.to_string());
         a.cookie = "test-cookie".into();
         a.timeout = Duration::from_secs(10);
         a.connect_timeout = Duration::from_secs(10);
