@@ -35,7 +35,7 @@ fn main() {
     let tokdir = if tokdir.to_str() == Some("task") {
         let vocab: usize = std::env::var("VOCAB").ok().map(|v| v.parse().unwrap()).unwrap_or(1024);
         let t0 = Instant::now();
-        rlmesh_actors::controller::init::build_task_tokenizer(dir.path(), &train[..2048], &reg, vocab).unwrap();
+        rlmesh_actors::controller::init::build_task_tokenizer(dir.path(), &train[..2048], &reg, vocab, std::env::var("CHUNK").ok().map(|v| v.parse().unwrap()).unwrap_or(3)).unwrap();
         eprintln!("task tokenizer (vocab {vocab}) in {:.1}s", t0.elapsed().as_secs_f64());
         dir.path().to_path_buf()
     } else {

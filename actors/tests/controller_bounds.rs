@@ -92,6 +92,10 @@ fn recipe_sizes_have_upper_bounds_that_say_why() {
         let e = recipe_error(&format!("{base}{extra}"));
         assert!(e.contains(&format!("field \"{field}\": must be at most")) && e.contains(" (") && e.contains("got"), "{field}: {e}");
     }
+    for bad in [0, 4] {
+        let e = recipe_error(&format!("{base}[model]\nnumber_chunk = {bad}\n"));
+        assert!(e.contains("field \"model.number_chunk\": digits per number token, 1 to 3"), "{e}");
+    }
     let e = recipe_error("reward = \"process\"\n[tasks]\nsize = 100000000000\n");
     assert!(e.starts_with("configs/bad.toml:3: field \"tasks.size\": must be at most"), "{e}");
 }

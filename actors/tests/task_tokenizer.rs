@@ -17,9 +17,13 @@ fn repo() -> PathBuf {
 }
 
 fn build(dir: &Path, vocab: usize) -> Tokenizer {
+    build_chunked(dir, vocab, 3)
+}
+
+fn build_chunked(dir: &Path, vocab: usize, digits: u32) -> Tokenizer {
     let tasks = generate(&MixConfig { size: 300, tool_fraction: 0.5, multi_step_fraction: 0.0, inventory: false, three_step_fraction: 0.0, seed: 3 }).unwrap();
     let reg = ToolRegistry::from_names(&["calculator"], ExecLimits::default()).unwrap();
-    build_task_tokenizer(dir, &tasks, &reg, vocab).unwrap();
+    build_task_tokenizer(dir, &tasks, &reg, vocab, digits).unwrap();
     Tokenizer::load(dir).unwrap()
 }
 
@@ -68,6 +72,26 @@ fn numbers_are_three_digit_chunks_and_the_fixed_text_collapses() {
     let (text, ids) = tok.render_ids(&[json!({"role": "user", "content": "hi"})], Some(&calculator_schema()), true).unwrap();
     assert!(text.len() > 900, "{}", text.len());
     assert!(ids.len() < 24, "{} tokens: {:?}", ids.len(), ids);
+}
+
+#[test]
+fn numbers_split_into_chunks_of_the_recipes_width() {
+    for (digits, want) in [(1u32, vec!["7", "5", "9", "2", "2"]), (2, vec!["75", "92", "2"])] {
+        let dir = tempfile::tempdir().unwrap();
+        let tok = build_chunked(dir.path(), 600, digits);
+        let pieces: Vec<String> = tok.encode("75922").unwrap().iter().map(|&i| tok.decode(&[i], false).unwrap()).collect();
+        assert_eq!(pieces, want, "{digits}-digit chunks");
+        // Every string of 1..=digits digits is a token; a longer one is not.
+        let all = (1..=digits).all(|w| (0..10u32.pow(w)).all(|n| tok.token_to_id(&format!("{n:0w$}", w = w as usize)).is_some()));
+        assert!(all, "{digits}-digit chunks missing");
+        assert!(tok.encode("375").unwrap().len() > 1);
+        assert_eq!(tok.decode(&tok.encode("x = -0.2571428571.").unwrap(), false).unwrap(), "x = -0.2571428571.");
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let tasks = generate(&MixConfig { size: 10, tool_fraction: 0.5, multi_step_fraction: 0.0, inventory: false, three_step_fraction: 0.0, seed: 3 }).unwrap();
+    let reg = ToolRegistry::from_names(&["calculator"], ExecLimits::default()).unwrap();
+    let e = build_task_tokenizer(dir.path(), &tasks, &reg, 600, 4).unwrap_err().to_string();
+    assert!(e.contains("number chunks of 1 to 3 digits, got 4"), "{e}");
 }
 
 #[test]

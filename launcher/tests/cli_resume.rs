@@ -107,6 +107,13 @@ fn a_killed_run_resumes_without_training_a_group_twice() {
     assert_eq!(o.status.code(), Some(2));
     assert!(String::from_utf8_lossy(&o.stderr).contains("the ledger lost records, refusing to resume"), "{}", String::from_utf8_lossy(&o.stderr));
 
+    // A run started by an earlier build has no entry for a field added since
+    // (here `model.number_chunk`): it reads as the default and the run resumes.
+    let cfg_path = run.join("config.json");
+    let mut cfg: Value = serde_json::from_str(&std::fs::read_to_string(&cfg_path).unwrap()).unwrap();
+    assert!(cfg["recipe"]["model"].as_object_mut().unwrap().remove("number_chunk").is_some());
+    std::fs::write(&cfg_path, serde_json::to_string_pretty(&cfg).unwrap()).unwrap();
+
     // Resume to the end.
     let newest = std::fs::read_link(run.join("checkpoints/latest")).map(|l| run.join("checkpoints").join(l)).unwrap();
     let state: Value = serde_json::from_slice(&std::fs::read(newest.join("state.json")).unwrap()).unwrap();

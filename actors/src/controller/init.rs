@@ -93,8 +93,9 @@ fn added_tokens() -> Vec<tokenizers::AddedToken> {
 
 /// A byte-level BPE tokenizer for the task domain, learned from `texts`.
 ///
-/// Numbers split into chunks of up to three digits from the left (`75922` is
-/// `759` `22`), and every string of one to three digits is a token of its own
+/// Numbers split into chunks of up to `digits` (1–3, the recipe's
+/// `model.number_chunk`) digits from the left (with 3, `75922` is `759` `22`),
+/// and every string of one to `digits` digits is a token of its own
 /// (added after training, on top of `vocab_size`), so copying an operand or a
 /// result is copying one or two tokens that rarely repeat inside a number —
 /// a copy head cannot lose its place the way it does in a run of single
@@ -102,7 +103,7 @@ fn added_tokens() -> Vec<tokenizers::AddedToken> {
 /// tool schema, JSON glue) merges into a few long tokens, which keeps the tiny
 /// policy's sequences short. Bytes never seen in training still encode (the
 /// byte alphabet is complete).
-pub fn train_task_tokenizer<S: AsRef<str> + Send>(texts: impl Iterator<Item = S> + Send, vocab_size: usize) -> Result<tokenizers::Tokenizer, InitError> {
+pub fn train_task_tokenizer<S: AsRef<str> + Send>(texts: impl Iterator<Item = S> + Send, vocab_size: usize, digits: u32) -> Result<tokenizers::Tokenizer, InitError> {
     use tokenizers::decoders::byte_level::ByteLevel as ByteLevelDecoder;
     use tokenizers::models::bpe::{BpeTrainerBuilder, BPE};
     use tokenizers::models::TrainerWrapper;
@@ -110,10 +111,13 @@ pub fn train_task_tokenizer<S: AsRef<str> + Send>(texts: impl Iterator<Item = S>
     use tokenizers::pre_tokenizers::{byte_level::ByteLevel, sequence::Sequence, PreTokenizerWrapper};
     use tokenizers::SplitDelimiterBehavior;
     let train_err = |e: tokenizers::Error| InitError::Tokenizer(e.to_string());
+    if !(1..=3).contains(&digits) {
+        return Err(InitError::Tokenizer(format!("number chunks of 1 to 3 digits, got {digits}")));
+    }
     let mut tok = tokenizers::Tokenizer::new(BPE::default());
-    let digits = Split::new(SplitPattern::Regex(r"\d{1,3}".into()), SplitDelimiterBehavior::Isolated, false).map_err(train_err)?;
+    let chunks = Split::new(SplitPattern::Regex(format!(r"\d{{1,{digits}}}")), SplitDelimiterBehavior::Isolated, false).map_err(train_err)?;
     tok.with_pre_tokenizer(Some(Sequence::new(vec![
-        PreTokenizerWrapper::Split(digits),
+        PreTokenizerWrapper::Split(chunks),
         PreTokenizerWrapper::ByteLevel(ByteLevel::new(false, false, false)),
     ])));
     tok.with_decoder(Some(ByteLevelDecoder::new(false, false, false)));
@@ -130,19 +134,19 @@ pub fn train_task_tokenizer<S: AsRef<str> + Send>(texts: impl Iterator<Item = S>
             .build(),
     );
     tok.train(&mut trainer, texts).map_err(train_err)?;
-    with_digit_chunks(&tok)
+    with_digit_chunks(&tok, digits)
 }
 
-/// `tok` with every string of one to three digits in its vocabulary, taken whole
+/// `tok` with every string of one to `digits` digits in its vocabulary, taken whole
 /// (`ignore_merges`: a pre-token found in the vocabulary is one token).
-fn with_digit_chunks(tok: &tokenizers::Tokenizer) -> Result<tokenizers::Tokenizer, InitError> {
+fn with_digit_chunks(tok: &tokenizers::Tokenizer, digits: u32) -> Result<tokenizers::Tokenizer, InitError> {
     let err = |e: String| InitError::Tokenizer(e);
     let mut json: Value = serde_json::from_str(&tok.to_string(false).map_err(|e| err(e.to_string()))?).map_err(|e| err(e.to_string()))?;
     let model = json.get_mut("model").and_then(Value::as_object_mut).ok_or_else(|| err("no BPE model".into()))?;
     model.insert("ignore_merges".into(), Value::Bool(true));
     let vocab = model.get_mut("vocab").and_then(Value::as_object_mut).ok_or_else(|| err("no BPE vocabulary".into()))?;
     let mut next = vocab.values().filter_map(Value::as_u64).max().map_or(0, |m| m + 1);
-    for width in 1..=3u32 {
+    for width in 1..=digits {
         for n in 0..10u32.pow(width) {
             let chunk = format!("{n:0w$}", w = width as usize);
             if !vocab.contains_key(&chunk) {
@@ -184,9 +188,9 @@ pub fn save_task_tokenizer(tok: &tokenizers::Tokenizer, out: &Path) -> Result<()
 /// Build the task tokenizer for `tasks` into `out`: a byte-level bootstrap
 /// renders every applicable expert strategy on every task (tools really run),
 /// and the BPE of [`train_task_tokenizer`] is learned from those conversations.
-pub fn build_task_tokenizer(out: &Path, tasks: &[rlmesh_core::Task], registry: &rlmesh_core::tools::ToolRegistry, vocab_size: usize) -> Result<(), InitError> {
+pub fn build_task_tokenizer(out: &Path, tasks: &[rlmesh_core::Task], registry: &rlmesh_core::tools::ToolRegistry, vocab_size: usize, digits: u32) -> Result<(), InitError> {
     use crate::warmup::{expert_example, Strategy};
-    let bootstrap = train_task_tokenizer(std::iter::empty::<&str>(), 0)?;
+    let bootstrap = train_task_tokenizer(std::iter::empty::<&str>(), 0, digits)?;
     save_task_tokenizer(&bootstrap, out)?;
     let bytes = rlmesh_model::Tokenizer::load(out)?;
     let mut texts = Vec::with_capacity(tasks.len() * 2);
@@ -201,6 +205,6 @@ pub fn build_task_tokenizer(out: &Path, tasks: &[rlmesh_core::Task], registry: &
             texts.push(bytes.decode(&ex.token_ids, false)?);
         }
     }
-    let tok = train_task_tokenizer(texts.iter(), vocab_size)?;
+    let tok = train_task_tokenizer(texts.iter(), vocab_size, digits)?;
     save_task_tokenizer(&tok, out)
 }

@@ -157,6 +157,11 @@ pub struct ModelSpec {
     /// Vocabulary size of the `"task"` tokenizer (default 1024).
     #[serde(default = "default_vocab")]
     pub vocab_size: usize,
+    /// Digits per number token of the `"task"` tokenizer, 1–3 (default 3):
+    /// numbers split into chunks of this many digits from the left, and every
+    /// string of 1 to this many digits is a token.
+    #[serde(default = "default_number_chunk")]
+    pub number_chunk: u32,
     /// The tiny model's residual width (default 128).
     #[serde(default = "default_hidden")]
     pub hidden: i64,
@@ -176,6 +181,9 @@ fn default_tokenizer() -> String {
 }
 fn default_vocab() -> usize {
     1024
+}
+fn default_number_chunk() -> u32 {
+    3
 }
 fn default_hidden() -> i64 {
     128
@@ -512,6 +520,7 @@ impl Default for ModelSpec {
             path: default_model_path(),
             tokenizer: default_tokenizer(),
             vocab_size: default_vocab(),
+            number_chunk: default_number_chunk(),
             hidden: default_hidden(),
             layers: default_layers(),
             heads: default_heads(),
@@ -675,6 +684,9 @@ impl Recipe {
             return Err(Invalid::new("model.tokenizer", format!("\"task\" or \"smollm2\", got \"{}\"", m.tokenizer)));
         }
         at_least("model.vocab_size", m.vocab_size as f64, 300.0)?;
+        if !(1..=3).contains(&m.number_chunk) {
+            return Err(Invalid::new("model.number_chunk", format!("digits per number token, 1 to 3, got {}", m.number_chunk)));
+        }
         at_least("model.layers", m.layers as f64, 1.0)?;
         at_least("model.hidden", m.hidden as f64, 16.0)?;
         at_least("model.heads", m.heads as f64, 1.0)?;

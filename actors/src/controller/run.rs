@@ -412,7 +412,11 @@ pub fn check_resumable(dir: &Path, recipe: &Recipe) -> Result<(), RunError> {
         None => return refuse("config.json is missing or unreadable".into()),
     };
     let ours = serde_json::to_value(recipe).expect("recipes serialise");
-    if let Some((field, was, now)) = first_difference("", stored.get("recipe").unwrap_or(&Value::Null), &ours) {
+    // Read back through the recipe type, so a field added since the run began
+    // compares as its default: a run of an earlier build resumes when nothing it set changed.
+    let stored = stored.get("recipe").cloned().unwrap_or(Value::Null);
+    let stored = serde_json::from_value::<Recipe>(stored.clone()).ok().and_then(|r| serde_json::to_value(r).ok()).unwrap_or(stored);
+    if let Some((field, was, now)) = first_difference("", &stored, &ours) {
         return refuse(format!("the run was started with another recipe: `{field}` was {was} in its config.json, is {now} now"));
     }
     // The ledger is written before the checkpoint that counts it: one that has
@@ -461,7 +465,7 @@ fn policy_dir(recipe: &Recipe, dir: &Path, resume: bool, tokenizer_dir: &Path, t
     let setup = |e: InitError| RunError::Setup(e.to_string());
     let tokenizer_dir = if recipe.model.tokenizer == "task" {
         let corpus: Vec<Task> = train.iter().chain(sft_tasks.iter().take(1024)).cloned().collect();
-        build_task_tokenizer(&d, &corpus, registry, recipe.model.vocab_size).map_err(setup)?;
+        build_task_tokenizer(&d, &corpus, registry, recipe.model.vocab_size, recipe.model.number_chunk).map_err(setup)?;
         d.clone()
     } else {
         tokenizer_dir.to_path_buf()
