@@ -98,6 +98,18 @@ fn recipe_sizes_have_upper_bounds_that_say_why() {
     }
     let e = recipe_error("reward = \"process\"\n[tasks]\nsize = 100000000000\n");
     assert!(e.starts_with("configs/bad.toml:3: field \"tasks.size\": must be at most"), "{e}");
+    // The warm-up's optimizer: decay a share per step scaled by the lr, β₂ strictly inside (0, 1).
+    for (extra, field, says) in [
+        ("weight_decay = -0.1", "sft.weight_decay", "must be in [0, 1], got -0.1"),
+        ("weight_decay = 1.5", "sft.weight_decay", "must be in [0, 1], got 1.5"),
+        ("beta2 = 1.0", "sft.beta2", "must lie in (0, 1), got 1"),
+        ("beta2 = 0", "sft.beta2", "must lie in (0, 1), got 0"),
+    ] {
+        let e = recipe_error(&format!("{base}[sft]\n{extra}\n"));
+        assert!(e.starts_with("configs/bad.toml:5: ") && e.contains(&format!("field \"{field}\": {says}")), "{e}");
+    }
+    let e = recipe_error(&format!("{base}[sft]\nsteps = 100\nlr_warmup = 100\n"));
+    assert!(e.starts_with("configs/bad.toml:6: field \"sft.lr_warmup\": must be fewer than sft.steps (100), got 100"), "{e}");
 }
 
 #[test]

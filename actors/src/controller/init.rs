@@ -91,6 +91,10 @@ fn added_tokens() -> Vec<tokenizers::AddedToken> {
     special.chain(tags).collect()
 }
 
+/// Digits a number token of the task tokenizer may hold (the recipe's `model.number_chunk`):
+/// past 3, the 1,110 chunk tokens become 11,110 and outgrow the learned vocabulary.
+pub const NUMBER_CHUNK_DIGITS: std::ops::RangeInclusive<u32> = 1..=3;
+
 /// A byte-level BPE tokenizer for the task domain, learned from `texts`.
 ///
 /// Numbers split into chunks of up to `digits` (1–3, the recipe's
@@ -111,8 +115,9 @@ pub fn train_task_tokenizer<S: AsRef<str> + Send>(texts: impl Iterator<Item = S>
     use tokenizers::pre_tokenizers::{byte_level::ByteLevel, sequence::Sequence, PreTokenizerWrapper};
     use tokenizers::SplitDelimiterBehavior;
     let train_err = |e: tokenizers::Error| InitError::Tokenizer(e.to_string());
-    if !(1..=3).contains(&digits) {
-        return Err(InitError::Tokenizer(format!("number chunks of 1 to 3 digits, got {digits}")));
+    if !NUMBER_CHUNK_DIGITS.contains(&digits) {
+        let (lo, hi) = (NUMBER_CHUNK_DIGITS.start(), NUMBER_CHUNK_DIGITS.end());
+        return Err(InitError::Tokenizer(format!("number chunks of {lo} to {hi} digits, got {digits}")));
     }
     let mut tok = tokenizers::Tokenizer::new(BPE::default());
     let chunks = Split::new(SplitPattern::Regex(format!(r"\d{{1,{digits}}}")), SplitDelimiterBehavior::Isolated, false).map_err(train_err)?;

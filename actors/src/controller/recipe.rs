@@ -334,6 +334,16 @@ pub struct Sft {
     /// Learning rate (default 1e-3).
     #[serde(default = "default_sft_lr")]
     pub lr: f64,
+    /// AdamW's decoupled weight decay on the weight matrices and embeddings,
+    /// not on norms (default 0, PyTorch's; nanoGPT-style training uses 0.1).
+    #[serde(default)]
+    pub weight_decay: f64,
+    /// AdamW's β₂ (default 0.999, PyTorch's; 0.95 is the usual choice for transformers).
+    #[serde(default = "default_sft_beta2")]
+    pub beta2: f64,
+    /// Steps of linear learning-rate warm-up before the cosine decay (default 10).
+    #[serde(default = "default_sft_lr_warmup")]
+    pub lr_warmup: u64,
     /// Trajectories per step (default 16).
     #[serde(default = "default_sft_batch")]
     pub batch_size: usize,
@@ -469,6 +479,12 @@ fn default_clip_eps() -> f64 {
 fn default_sft_lr() -> f64 {
     1e-3
 }
+fn default_sft_beta2() -> f64 {
+    0.999
+}
+fn default_sft_lr_warmup() -> u64 {
+    10
+}
 fn default_checkpoint_every() -> u64 {
     25
 }
@@ -552,6 +568,9 @@ impl Default for Sft {
         Sft {
             steps: 0,
             lr: default_sft_lr(),
+            weight_decay: 0.0,
+            beta2: default_sft_beta2(),
+            lr_warmup: default_sft_lr_warmup(),
             batch_size: default_sft_batch(),
             micro_batch_size: default_sft_micro(),
             tasks: default_sft_tasks(),
@@ -684,8 +703,10 @@ impl Recipe {
             return Err(Invalid::new("model.tokenizer", format!("\"task\" or \"smollm2\", got \"{}\"", m.tokenizer)));
         }
         at_least("model.vocab_size", m.vocab_size as f64, 300.0)?;
-        if !(1..=3).contains(&m.number_chunk) {
-            return Err(Invalid::new("model.number_chunk", format!("digits per number token, 1 to 3, got {}", m.number_chunk)));
+        let chunk = super::init::NUMBER_CHUNK_DIGITS;
+        if !chunk.contains(&m.number_chunk) {
+            let (lo, hi) = (chunk.start(), chunk.end());
+            return Err(Invalid::new("model.number_chunk", format!("digits per number token, {lo} to {hi}, got {}", m.number_chunk)));
         }
         at_least("model.layers", m.layers as f64, 1.0)?;
         at_least("model.hidden", m.hidden as f64, 16.0)?;
@@ -726,6 +747,10 @@ impl Recipe {
         self.validate_estimator()?;
         let s = &self.sft;
         positive("sft.lr", s.lr)?;
+        unit("sft.weight_decay", s.weight_decay)?;
+        if !(s.beta2 > 0.0 && s.beta2 < 1.0) {
+            return Err(Invalid::new("sft.beta2", format!("must lie in (0, 1), got {}", s.beta2)));
+        }
         at_least("sft.batch_size", s.batch_size as f64, 1.0)?;
         at_least("sft.micro_batch_size", s.micro_batch_size as f64, 1.0)?;
         at_least("sft.tasks", s.tasks as f64, 1.0)?;
@@ -734,6 +759,9 @@ impl Recipe {
         at_most("sft.batch_size", s.batch_size as f64, bounds::SFT_BATCH as f64, packed)?;
         at_most("sft.micro_batch_size", s.micro_batch_size as f64, bounds::SFT_BATCH as f64, packed)?;
         at_most("sft.steps", s.steps as f64, bounds::STEPS as f64, "past a year of steps")?;
+        if s.steps > 0 && s.lr_warmup >= s.steps {
+            return Err(Invalid::new("sft.lr_warmup", format!("must be fewer than sft.steps ({}), got {}", s.steps, s.lr_warmup)));
+        }
         let m = s.mix;
         let shares = [
             ("correct", m.correct),

@@ -680,8 +680,8 @@ async fn run_processes(opts: RunOptions, learner_loss: LearnerLoss) -> Result<Su
     // The learner, warmed up with SFT.
     let sft_steps = if opts.resume || reused { 0 } else { opts.sft_steps.unwrap_or(recipe.sft.steps) };
     let sft_cfg = LearnerConfig {
-        optim: AdamWConfig { lr: recipe.sft.lr, ..Default::default() },
-        warmup_steps: 10,
+        optim: AdamWConfig { lr: recipe.sft.lr, weight_decay: recipe.sft.weight_decay, beta2: recipe.sft.beta2, ..Default::default() },
+        warmup_steps: recipe.sft.lr_warmup,
         schedule: LrSchedule::Cosine { total_steps: sft_steps.max(1) },
         micro_batch_size: recipe.sft.micro_batch_size.min(recipe.sft.batch_size),
         seed: recipe.seed,
