@@ -87,6 +87,7 @@ fn recipe_sizes_have_upper_bounds_that_say_why() {
         ("[model]\nvocab_size = 100000000\n", "model.vocab_size"),
         ("[sft]\nbatch_size = 100000000\n", "sft.batch_size"),
         ("[sft]\ntasks = 100000000000\n", "sft.tasks"),
+        ("[sft]\nlr_warmup = 10000000000\n", "sft.lr_warmup"),
     ];
     for (extra, field) in cases {
         let e = recipe_error(&format!("{base}{extra}"));
@@ -108,8 +109,6 @@ fn recipe_sizes_have_upper_bounds_that_say_why() {
         let e = recipe_error(&format!("{base}[sft]\n{extra}\n"));
         assert!(e.starts_with("configs/bad.toml:5: ") && e.contains(&format!("field \"{field}\": {says}")), "{e}");
     }
-    let e = recipe_error(&format!("{base}[sft]\nsteps = 100\nlr_warmup = 100\n"));
-    assert!(e.starts_with("configs/bad.toml:6: field \"sft.lr_warmup\": must be fewer than sft.steps (100), got 100"), "{e}");
 }
 
 #[test]

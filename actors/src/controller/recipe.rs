@@ -341,7 +341,8 @@ pub struct Sft {
     /// AdamW's β₂ (default 0.999, PyTorch's; 0.95 is the usual choice for transformers).
     #[serde(default = "default_sft_beta2")]
     pub beta2: f64,
-    /// Steps of linear learning-rate warm-up before the cosine decay (default 10).
+    /// Steps of linear learning-rate warm-up before the cosine decay (default
+    /// 10; more than `steps` leaves the rate rising to the end, as transformers' schedule does).
     #[serde(default = "default_sft_lr_warmup")]
     pub lr_warmup: u64,
     /// Trajectories per step (default 16).
@@ -759,9 +760,7 @@ impl Recipe {
         at_most("sft.batch_size", s.batch_size as f64, bounds::SFT_BATCH as f64, packed)?;
         at_most("sft.micro_batch_size", s.micro_batch_size as f64, bounds::SFT_BATCH as f64, packed)?;
         at_most("sft.steps", s.steps as f64, bounds::STEPS as f64, "past a year of steps")?;
-        if s.steps > 0 && s.lr_warmup >= s.steps {
-            return Err(Invalid::new("sft.lr_warmup", format!("must be fewer than sft.steps ({}), got {}", s.steps, s.lr_warmup)));
-        }
+        at_most("sft.lr_warmup", s.lr_warmup as f64, bounds::STEPS as f64, "past a year of steps")?;
         let m = s.mix;
         let shares = [
             ("correct", m.correct),
