@@ -56,6 +56,8 @@ fn mutate(text: &str, rng: &mut Rng) -> String {
 
 /// Exit code and stderr of `launcher ARGS`, after checking its time, exit (not a signal, 0 or 2) and peak memory.
 fn run_bounded(args: &[&str]) -> (i32, String) {
+    // Reaped below by wait4, which also reports the peak memory.
+    #[allow(clippy::zombie_processes)]
     let mut child = Command::new(env!("CARGO_BIN_EXE_launcher"))
         .args(args)
         .current_dir(repo())

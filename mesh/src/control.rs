@@ -329,7 +329,10 @@ impl<M: WireMessage> Actor for ControlInbox<M> {
         // decodes, the log can only name the sessions open then.
         let refuse = |e: FrameError, who: &str| sh.stats.refuse(&e, || format!("[control] {}: refused a {}-byte message from {who}", sh.name, bytes.len()));
         let env = match sh.codec.decode::<Envelope>(&bytes) {
-            Err(e) => return Ok(refuse(e, &sh.open_sessions())),
+            Err(e) => {
+                refuse(e, &sh.open_sessions());
+                return Ok(());
+            }
             Ok(env) => env,
         };
         if env.to != sh.name {
