@@ -1,7 +1,7 @@
 //! The controller's handle on its actors: picking a live rollout actor (and
 //! bringing it to the latest version), scoring, publishing a version to every
 //! rollout actor, and evaluating on held-out tasks.
-use super::run::{actor_err, RunError};
+use super::error::{actor_err, RunError};
 use super::supervisor::RolloutSlots;
 use crate::learner::actor::LearnerMsg;
 use crate::metrics::Metrics;
@@ -21,6 +21,8 @@ pub(super) struct Driver {
     pub(super) learner: ActorRef<LearnerMsg>,
     pub(super) reward: ActorRef<RewardMsg>,
     pub(super) weight_sync: ActorRef<WeightSyncMsg>,
+    /// Supervises the rollout actors in this process.
+    pub(super) supervisor: ractor::ActorCell,
     pub(super) slots: RolloutSlots,
     /// Proxies of the rollout actors in other processes (a slot is empty while its process is down).
     pub(super) remote: RolloutSlots,
@@ -77,6 +79,14 @@ pub fn least_busy(busy: &[usize], next: usize) -> Option<usize> {
 }
 
 impl Driver {
+    /// Stops the actors in this process (those of other processes leave with their process).
+    pub(super) fn stop(&self) {
+        self.learner.stop(None);
+        self.reward.stop(None);
+        self.weight_sync.stop(None);
+        self.supervisor.stop(None);
+    }
+
     /// How many rollout actors are live now, here and in other processes.
     pub(super) fn rollout_actors(&self) -> usize {
         self.live().len()

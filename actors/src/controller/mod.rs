@@ -9,19 +9,32 @@
 //! - [`source`] — TOML loading whose errors name the file, line and field;
 //! - [`status`] — `RUN_DIR/status.json`, written by the job, read by `launcher status`/`down`;
 //! - [`run_dir`] — a run directory's owner: the lock the live job holds.
+//!
+//! On them, a run is sequenced by [`run`], one file per phase: `setup` (the
+//! run directory, `/metrics`, the other processes, the policy, the actors),
+//! [`warm_start`] (the SFT warm-up, shared between runs when asked), `rl_loop`
+//! (the RL phase), `finish` (the held-out evaluation and `summary.json`);
+//! `resume` checks and replays a run to resume, `journal` keeps what a run
+//! writes as it goes (status, logs, checkpoints with their cursor), `driver`
+//! is the controller's handle on its actors, `error` says why a run stopped.
 pub mod batch;
 pub mod discovery;
 mod driver;
+mod error;
+mod finish;
 pub mod init;
+mod journal;
 pub mod ledger;
 pub mod plan;
 mod progress;
 pub mod recipe;
 mod record;
+mod resume;
 mod rl_loop;
 pub mod source;
 pub mod run;
 pub mod run_dir;
+mod setup;
 pub mod staleness;
 pub mod status;
 pub mod supervisor;

@@ -9,7 +9,8 @@ use super::ledger::Ledger;
 use super::progress::{eta, Progress};
 use super::recipe::Recipe;
 use super::record::{batch_record, step_record, StepFacts, StepPhases};
-use super::run::{actor_err, checkpoint, write_status, Cursor, Jsonl, RunError};
+use super::error::{actor_err, RunError};
+use super::journal::{checkpoint, write_status, Cursor, Jsonl};
 use super::staleness::{Admission, Gate, Mode};
 use super::status::RunStatus;
 use crate::learner::actor::LearnerMsg;
@@ -117,6 +118,11 @@ impl<'a> RlLoop<'a> {
             uniform_dropped: 0,
             cx,
         })
+    }
+
+    /// What the loop runs in.
+    pub(super) fn context(&self) -> &RlContext<'a> {
+        &self.cx
     }
 
     /// Wall seconds of the whole run so far.

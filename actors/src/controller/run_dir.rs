@@ -6,6 +6,7 @@
 //! lock is held belongs to a live run and is refused; an old run is set aside
 //! (renamed to `<dir>.prev-<unix seconds>`) only while the new job holds its lock,
 //! so nobody else is writing into it.
+use super::error::{io, RunError};
 use std::fs::{File, OpenOptions};
 use std::io::{Read, Seek, Write};
 use std::os::fd::AsRawFd;
@@ -116,6 +117,54 @@ fn read_pid(file: &mut File) -> Option<u32> {
     file.rewind().ok()?;
     file.read_to_string(&mut text).ok()?;
     text.trim().parse().ok()
+}
+
+/// A fresh run never appends to an earlier run's ledger and logs: a `dir` holding
+/// anything but its lock file and its Slurm submission (`slurm/`) is renamed to `<dir>.prev-<unix seconds>` (returned)
+/// before the run starts. Call it holding `dir`'s lock ([`claim_run_dir`] does).
+pub fn set_aside_previous_run(dir: &Path) -> Result<Option<PathBuf>, RunError> {
+    // `slurm/` holds the submission of the job running this (its script and Slurm's output file).
+    let occupied = std::fs::read_dir(dir).map(|d| d.flatten().any(|e| e.file_name() != super::run_dir::LOCK_FILE && e.file_name() != "slurm")).unwrap_or(false);
+    if !occupied {
+        return Ok(None);
+    }
+    let secs = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_secs());
+    let mut name = dir.as_os_str().to_owned();
+    name.push(format!(".prev-{secs}"));
+    let mut target = PathBuf::from(name);
+    let mut n = 1;
+    while target.exists() {
+        let mut alt = target.as_os_str().to_owned();
+        alt.push(format!("-{n}"));
+        target = PathBuf::from(alt);
+        n += 1;
+    }
+    std::fs::rename(dir, &target).map_err(io(dir))?;
+    Ok(Some(target))
+}
+
+/// Takes `dir` for a new job: refused when a live run holds its lock; otherwise,
+/// for a fresh run, an earlier run in it is set aside (see [`set_aside_previous_run`])
+/// while we hold its lock, and `dir` is created anew. The lock is the job's for its life.
+pub fn claim_run_dir(dir: &Path, resume: bool) -> Result<(RunDirLock, Option<PathBuf>), RunError> {
+    let lock = |d: &Path| {
+        RunDirLock::acquire(d).map_err(|e| match e {
+            LockError::Held { .. } => RunError::Refused(e.to_string()),
+            LockError::Io { path, source } => RunError::Io { path, source },
+        })
+    };
+    if !dir.is_dir() {
+        std::fs::create_dir_all(dir).map_err(io(dir))?;
+        return Ok((lock(dir)?, None));
+    }
+    let old = lock(dir)?;
+    if resume {
+        return Ok((old, None));
+    }
+    let Some(previous) = set_aside_previous_run(dir)? else { return Ok((old, None)) };
+    drop(old);
+    std::fs::create_dir_all(dir).map_err(io(dir))?;
+    Ok((lock(dir)?, Some(previous)))
 }
 
 #[cfg(test)]

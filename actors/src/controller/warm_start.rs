@@ -1,5 +1,6 @@
-//! A warm-up shared between runs (`[sft] share = true`): recipes that differ
-//! only after the warm-up (the estimator comparison) run it once.
+//! The SFT warm-up ([`WarmUp`]), and a warm-up shared between runs (`[sft]
+//! share = true`): recipes that differ only after the warm-up (the estimator
+//! comparison) run it once.
 //!
 //! The key is a hash of everything the warm-up depends on: the model and
 //! tokenizer spec, the tools, the task mix, the `[sft]` table, the seed and the
@@ -8,9 +9,21 @@
 //! `<parent of RUN_DIR>/.warmups/<key>/`; later runs copy it into their own
 //! `RUN_DIR/initial-model` and skip the warm-up. A store is written to a
 //! temporary directory and renamed, so a reader never sees half of one.
+use super::error::{actor_err, RunError};
+use super::progress::{eta, Progress};
 use super::recipe::Recipe;
+use crate::learner::actor::LearnerMsg;
+use crate::learner::{SftBatch, SftSequence, StepStats};
+use crate::metrics::Metrics;
+use crate::warmup::{expert_example, pick_strategy};
+use ractor::ActorRef;
+use rlmesh_core::tools::ToolRegistry;
+use rlmesh_core::Task;
+use rlmesh_model::Tokenizer;
 use serde_json::json;
+use std::collections::HashMap;
 use std::path::{Path, PathBuf};
+use std::time::Instant;
 
 /// The directory of the shared warm-up for `recipe` next to `run_dir`, on `threads` threads.
 pub fn shared_dir(recipe: &Recipe, run_dir: &Path, threads: i32) -> PathBuf {
@@ -76,3 +89,74 @@ pub fn store(shared: &Path, model_dir: &Path, checkpoint: &Path) -> std::io::Res
         Err(e) => Err(e),
     }
 }
+
+/// splitmix64 step.
+fn mix(state: &mut u64) -> u64 {
+    *state = state.wrapping_add(0x9E3779B97F4A7C15);
+    let mut z = *state;
+    z = (z ^ (z >> 30)).wrapping_mul(0xBF58476D1CE4E5B9);
+    z = (z ^ (z >> 27)).wrapping_mul(0x94D049BB133111EB);
+    z ^ (z >> 31)
+}
+
+/// The SFT warm-up: `steps` batches of expert conversations (noisy strategies
+/// drawn with the recipe's mix), one learner step each.
+pub(super) struct WarmUp<'a> {
+    pub(super) learner: &'a ActorRef<LearnerMsg>,
+    pub(super) tokenizer: &'a Tokenizer,
+    pub(super) registry: &'a ToolRegistry,
+    pub(super) recipe: &'a Recipe,
+    pub(super) tasks: &'a [Task],
+    pub(super) steps: u64,
+}
+
+impl WarmUp<'_> {
+    /// Runs it, reporting progress; a SIGTERM (`stopping`) ends it with [`RunError::Stopped`].
+    pub(super) async fn run(&self, progress: &Progress, metrics: &Metrics, stopping: &dyn Fn() -> bool) -> Result<(), RunError> {
+        let (recipe, sft_steps) = (self.recipe, self.steps);
+        let mut rng = recipe.seed ^ 0x5f7;
+        let mut sft_cursor = 0usize;
+        // Expert conversations are rendered once per (task, strategy) and reused.
+        let mut experts: HashMap<(usize, crate::warmup::Strategy), SftSequence> = HashMap::new();
+        // Batches are drawn in task order with a random strategy each (no length
+        // bucketing: batches of one length are of one task kind, and the warm-up
+        // then swings between calling and not calling — measured: 49.5% held-out
+        // success after 3,000 bucketed steps vs 76.5% after 1,500 unbucketed ones).
+        let warmup_start = Instant::now();
+        progress.bar("sft", sft_steps, 0);
+        for step in 0..sft_steps {
+            if stopping() {
+                progress.finish_bar();
+                let why = format!("SIGTERM during the warm-up (step {step}/{sft_steps}): stopped; a run has no checkpoint before its warm-up ends, so start it again");
+                progress.line(why.clone());
+                return Err(RunError::Stopped(why));
+            }
+            let mut seqs = Vec::with_capacity(recipe.sft.batch_size);
+            for _ in 0..recipe.sft.batch_size {
+                let index = sft_cursor % self.tasks.len();
+                sft_cursor += 1;
+                let task = &self.tasks[index];
+                let u = (mix(&mut rng) >> 11) as f64 / (1u64 << 53) as f64;
+                let strategy = pick_strategy(&recipe.sft.mix, task, u);
+                if !experts.contains_key(&(index, strategy)) {
+                    let ex = expert_example(self.tokenizer, self.registry, task, strategy, None).map_err(|e| RunError::Setup(e.to_string()))?;
+                    experts.insert((index, strategy), SftSequence { token_ids: ex.token_ids, loss_mask: ex.loss_mask });
+                }
+                seqs.push(experts[&(index, strategy)].clone());
+            }
+            let stats: StepStats = ractor::call!(self.learner, LearnerMsg::Sft, SftBatch { sequences: seqs })
+                .map_err(|e| RunError::Actor { actor: "learner", message: e.to_string() })?
+                .map_err(actor_err("learner"))?;
+            metrics.warmup_step.set((step + 1) as f64);
+            metrics.warmup_loss.set(stats.loss);
+            let eta = eta(warmup_start.elapsed(), step + 1, sft_steps);
+            progress.tick(step + 1, format!("loss {:.3}", stats.loss));
+            if step % (sft_steps / 20).max(25) == 0 || step + 1 == sft_steps || progress.due() {
+                progress.line(format!("sft {}/{sft_steps} loss {:.3} ({:.0} tok/s) ETA {eta}", step + 1, stats.loss, stats.tokens_per_s));
+            }
+        }
+        progress.finish_bar();
+        Ok(())
+    }
+}
+

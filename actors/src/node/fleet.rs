@@ -27,7 +27,6 @@ use super::wire::*;
 use super::weights::{GroupSpec, WeightGroup};
 use super::keeper::{KeepPolicy, Keeper};
 use super::{Outboxes, RefusalMirror};
-use crate::controller::run::{LearnerLoss, LostRank};
 use crate::controller::supervisor::RolloutSlots;
 use crate::weight_sync::WeightUpdate;
 use crate::metrics::Metrics;
@@ -626,7 +625,9 @@ impl Fleet {
     /// what is left. (A fleet dropped without it, on an error, stops its processes too.)
     pub async fn shutdown(self, grace: Duration) {
         // No restart from now on.
-        if let Some(k) = self.keeper.lock().expect("keeper lock").take() {
+        // Taken first: an `if let` scrutinee's guard would stay locked across the await.
+        let keeper = self.keeper.lock().expect("keeper lock").take();
+        if let Some(k) = keeper {
             k.abort();
             let _ = k.await;
         }
@@ -1161,3 +1162,16 @@ impl Publisher {
         })
     }
 }
+
+/// Set by the fleet when a learner rank's process is lost.
+pub type LearnerLoss = Arc<Mutex<Option<LostRank>>>;
+
+/// How a learner rank's process was lost.
+#[derive(Clone, Debug)]
+pub struct LostRank {
+    /// Which process, and how.
+    pub why: String,
+    /// It exited (rather than fell silent).
+    pub exited: bool,
+}
+
