@@ -7,12 +7,36 @@
 //! assistant turn as the tokens the model would write (loss mask 1), the
 //! template glue and the tool responses as a prefix-preserving suffix (mask 0).
 //! Tool results come from really executing the calls.
-use crate::controller::recipe::SftMix;
 use rlmesh_core::tools::{ToolRegistry, ToolSession};
 use rlmesh_core::{Message, Task, ToolCallMsg};
 use rlmesh_model::{ModelError, Tokenizer};
 use serde::{Deserialize, Serialize};
 use serde_json::{json, Value};
+
+/// Shares of SFT trajectories per strategy: all five when given, summing to 1
+/// (default 0.6 correct, 0.1 each other). A strategy that does not apply to a
+/// task (`unnecessary_tool` on a tool task, the tool mistakes on a no-tool
+/// task) writes the correct trajectory instead.
+#[derive(Clone, Copy, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct SftMix {
+    /// The right calls, then the right answer.
+    pub correct: f64,
+    /// Answers a tool task without calling the tool.
+    pub no_tool: f64,
+    /// Calls the right tool with wrong arguments.
+    pub wrong_arguments: f64,
+    /// Repeats a call.
+    pub repeated_call: f64,
+    /// Calls a tool on a no-tool task.
+    pub unnecessary_tool: f64,
+}
+
+impl Default for SftMix {
+    fn default() -> Self {
+        SftMix { correct: 0.6, no_tool: 0.1, wrong_arguments: 0.1, repeated_call: 0.1, unnecessary_tool: 0.1 }
+    }
+}
 
 /// A strategy an expert follows on a task.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]

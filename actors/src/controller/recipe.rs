@@ -43,6 +43,7 @@ use rlmesh_core::advantage::grpo::ScaleRewards;
 use rlmesh_core::dataset::{self, DatasetError, MixConfig};
 use rlmesh_core::tools::{calculator, inventory, registry};
 use rlmesh_core::Task;
+pub use crate::warmup::SftMix;
 use serde::{Deserialize, Serialize};
 use std::path::Path;
 
@@ -373,25 +374,6 @@ pub struct Sft {
     pub share: bool,
 }
 
-/// Shares of SFT trajectories per strategy: all five when given, summing to 1
-/// (default 0.6 correct, 0.1 each other). A strategy that does not apply to a
-/// task (`unnecessary_tool` on a tool task, the tool mistakes on a no-tool
-/// task) writes the correct trajectory instead.
-#[derive(Clone, Copy, Debug, PartialEq, Serialize, Deserialize)]
-#[serde(deny_unknown_fields)]
-pub struct SftMix {
-    /// The right calls, then the right answer.
-    pub correct: f64,
-    /// Answers a tool task without calling the tool.
-    pub no_tool: f64,
-    /// Calls the right tool with wrong arguments.
-    pub wrong_arguments: f64,
-    /// Repeats a call.
-    pub repeated_call: f64,
-    /// Calls a tool on a no-tool task.
-    pub unnecessary_tool: f64,
-}
-
 /// The RL loop.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -578,12 +560,6 @@ impl Default for Sft {
             mix: SftMix::default(),
             share: false,
         }
-    }
-}
-
-impl Default for SftMix {
-    fn default() -> Self {
-        SftMix { correct: 0.6, no_tool: 0.1, wrong_arguments: 0.1, repeated_call: 0.1, unnecessary_tool: 0.1 }
     }
 }
 
