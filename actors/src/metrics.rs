@@ -267,7 +267,7 @@ impl Metrics {
         for t in trajectories {
             self.turns_per_trajectory.observe(t.messages.iter().filter(|m| m.role == "assistant").count() as f64);
             for s in &t.steps {
-                let tool = if tools.iter().any(|n| *n == s.name) { s.name.as_str() } else { OTHER_TOOL };
+                let tool = if tools.contains(&s.name) { s.name.as_str() } else { OTHER_TOOL };
                 self.tool_call_seconds.with_label_values(&[tool]).observe(s.latency_ms / 1000.0);
                 self.tool_calls_total.with_label_values(&[tool, if s.success { "ok" } else { "error" }]).inc();
             }

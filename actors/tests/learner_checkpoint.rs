@@ -150,9 +150,9 @@ fn reward_batch(n: usize, seed: u64) -> TrainBatch {
     let mut b = policy_batch(n, seed);
     for (i, s) in b.sequences.iter_mut().enumerate() {
         let mut r = vec![0.0f32; s.loss_mask.len()];
-        for t in 0..s.loss_mask.len() {
+        for (t, rt) in r.iter_mut().enumerate() {
             if s.loss_mask[t] == 1 && s.loss_mask.get(t + 1).copied().unwrap_or(0) == 0 {
-                r[t] = 0.25 * (1 + (i + t) % 3) as f32;
+                *rt = 0.25 * (1 + (i + t) % 3) as f32;
             }
         }
         s.rewards = Some(r);

@@ -51,6 +51,9 @@ fn run(dir: &Path, world: usize, jobs: &[RankJob]) -> Vec<RankOutput> {
     .unwrap()
 }
 
+/// Named parameter tensors.
+type Params = Vec<(String, Tensor)>;
+
 fn steps(o: &RankOutput) -> Vec<RankStep> {
     assert!(o.success(), "rank {} failed: {}", o.rank, o.stderr);
     o.stdout.lines().map(|l| serde_json::from_str(l).unwrap()).collect()
@@ -60,7 +63,7 @@ fn steps(o: &RankOutput) -> Vec<RankStep> {
 fn two_and_three_ranks_match_one_rank_on_the_combined_batch() {
     let dir = tempfile::tempdir().unwrap();
     let model = tiny_model(dir.path(), "m", 21);
-    let mut reference: Option<(Vec<RankStep>, Vec<(String, Tensor)>)> = None;
+    let mut reference: Option<(Vec<RankStep>, Params)> = None;
     for world in [1usize, 2, 3] {
         let out = dir.path().join(format!("out{world}"));
         let outputs = run(dir.path(), world, &[job(&model, Some(out.clone()))]);

@@ -1,6 +1,6 @@
 //! Weight updates arrive digest-checked: a faithful image loads bit-for-bit, a
 //! corrupted one is refused and leaves the receiver's weights untouched.
-use rlmesh_actors::weight_sync::{apply, pack, WeightError};
+use rlmesh_actors::weight_sync::image::{apply, pack, WeightError};
 use rlmesh_model::{ModelConfig, Transformer};
 use serde_json::json;
 use std::path::Path;
@@ -28,13 +28,13 @@ fn updates_load_exactly_and_corruption_is_refused() {
         other => panic!("a corrupted image must be refused, got {other:?}"),
     }
     // The per-bucket digests travel with the update and match a fresh digest of the image.
-    assert_eq!(update.buckets, rlmesh_comm::digest::BucketDigests::of(&update.image, rlmesh_actors::weight_sync::WEIGHT_BUCKET_BYTES));
+    assert_eq!(update.buckets, rlmesh_comm::digest::BucketDigests::of(&update.image, rlmesh_actors::weight_sync::image::WEIGHT_BUCKET_BYTES));
     assert_eq!(receiver.score(&seqs).unwrap(), before, "a refused update changes nothing");
     let ack = apply(&receiver, &update).unwrap();
     assert_eq!((ack.version, ack.digest), (4, update.digest));
     assert_eq!(receiver.score(&seqs).unwrap(), sender.score(&seqs).unwrap());
     // The wire format carries it unchanged.
-    let back: rlmesh_actors::weight_sync::WeightUpdate = rlmesh_core::wire::decode(&rlmesh_core::wire::encode(&update).unwrap()).unwrap();
+    let back: rlmesh_actors::weight_sync::image::WeightUpdate = rlmesh_core::wire::decode(&rlmesh_core::wire::encode(&update).unwrap()).unwrap();
     assert_eq!(back, update);
 }
 

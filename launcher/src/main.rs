@@ -9,6 +9,7 @@ use std::process::ExitCode;
 
 mod cmd;
 mod error;
+mod repo;
 
 
 #[derive(Parser)]
@@ -23,7 +24,7 @@ enum Command {
     /// Start a run on a topology (the embedded CPU default: deploy/local.toml).
     Up(cmd::up::UpArgs),
     /// Write the sbatch script of a run and submit it (`--dry-run`: print it).
-    Submit(cmd::slurm::SubmitArgs),
+    Submit(cmd::submit::SubmitArgs),
     /// Kubernetes manifests of a run: a StatefulSet and headless Service per process kind, the plan in a ConfigMap, the cookie in a Secret.
     K8s(cmd::k8s::K8sArgs),
     /// The placement of a topology file: every process, host, device, role, rank, port and environment.
@@ -75,7 +76,7 @@ fn main() -> ExitCode {
     }
     let result = match cli.command {
         Command::Up(a) => cmd::up::up(a),
-        Command::Submit(a) => cmd::slurm::submit(a),
+        Command::Submit(a) => cmd::submit::submit(a),
         Command::K8s(a) => cmd::k8s::run(a),
         Command::Plan(a) => cmd::plan::run(a),
         Command::Status(a) => cmd::status::status(a),

@@ -226,7 +226,7 @@ fn killed_learner_rank(ranks: u32, victim: &str) {
     assert!(logged.contains("starting the run again from its newest checkpoint (restart 1 of 3)"), "{logged}");
     // From a checkpoint (every 4 steps; the run may have passed step 8 before the kill landed).
     let from: u64 = logged.split("resuming at RL step ").nth(1).and_then(|r| r.split_whitespace().next()?.parse().ok()).unwrap_or_else(|| panic!("no resume:\n{logged}"));
-    assert!(from >= 4 && from % 4 == 0, "resumed at step {from}");
+    assert!(from >= 4 && from.is_multiple_of(4), "resumed at step {from}");
     // The first start's processes all stopped; the second start's are new ones.
     for p in &nodes {
         assert!(!alive(*p), "pid {p} of the first start outlived it");

@@ -123,7 +123,7 @@ fn launcher_down_of_a_submitted_run_ends_every_step() {
     let down = cluster.command(env!("CARGO_BIN_EXE_launcher")).args(["down", "--run-dir", run.to_str().unwrap()]).output().unwrap();
     assert_eq!(code(&down), 0, "{}{}", stdout(&down), stderr(&down));
     assert!(cluster.wait_job(&job, Duration::from_secs(60)).is_some(), "job {job} still running after down");
-    assert!(cluster.client("squeue", &["-h", "-s", "-j", &job]).map_or(true, |o| o.trim().is_empty()), "steps left");
+    assert!(cluster.client("squeue", &["-h", "-s", "-j", &job]).is_none_or(|o| o.trim().is_empty()), "steps left");
     assert_nothing_left(&cluster);
     // The controller stopped on SIGTERM at a checkpoint that --resume continues.
     let output = slurm_output(&run, &job);

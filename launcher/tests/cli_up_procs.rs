@@ -144,7 +144,7 @@ fn one_step_off_across_two_rollout_processes_wastes_no_group() {
     assert_eq!(groups["trained"], 36, "{summary}");
     assert_eq!(groups["stale"], 0, "no group generated with a version older than its dispatch: {summary}");
     assert_eq!(summary["counters"]["groups_dispatched"], 36, "every group sent out was trained: {summary}");
-    assert!(column(&run, "staleness_max").iter().any(|s| *s == 1.0), "generation overlapped training");
+    assert!(column(&run, "staleness_max").contains(&1.0), "generation overlapped training");
     assert_no_nodes_left(&run);
 }
 

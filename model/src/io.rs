@@ -254,11 +254,15 @@ fn to_host(t: &Tensor) -> Result<HostTensor> {
     Ok(HostTensor { dtype, shape: t.size().iter().map(|&d| d as usize).collect(), bytes })
 }
 
+/// Named tensors as the bytes of one safetensors file (copied to the host, in their own dtypes).
+pub fn safetensors_bytes(tensors: &[(String, Tensor)], metadata: Option<HashMap<String, String>>) -> Result<Vec<u8>> {
+    let host: BTreeMap<String, HostTensor> = tensors.iter().map(|(n, t)| Ok((n.clone(), to_host(t)?))).collect::<Result<_>>()?;
+    safetensors::tensor::serialize(host.iter().map(|(n, t)| (n.as_str(), t)), metadata).map_err(|e| ModelError::Input(format!("safetensors: {e}")))
+}
+
 /// Write named tensors as one safetensors file with `{"format": "pt"}` metadata, atomically.
 pub fn write_safetensors(path: &Path, tensors: &[(String, Tensor)]) -> Result<()> {
-    let host: BTreeMap<String, HostTensor> = tensors.iter().map(|(n, t)| Ok((n.clone(), to_host(t)?))).collect::<Result<_>>()?;
     let meta: HashMap<String, String> = [("format".to_string(), "pt".to_string())].into();
-    let bytes = safetensors::tensor::serialize(host.iter().map(|(n, t)| (n.as_str(), t)), Some(meta))
-        .map_err(|e| ModelError::BadFile { path: path.to_path_buf(), message: e.to_string() })?;
+    let bytes = safetensors_bytes(tensors, Some(meta)).map_err(|e| ModelError::BadFile { path: path.to_path_buf(), message: e.to_string() })?;
     write_atomic(path, &bytes)
 }

@@ -186,7 +186,7 @@ pub fn exp_nonpositive(x: f32) -> f32 {
     p = p.mul_add(r, 8.333_452e-3);
     p = p.mul_add(r, 4.166_579_6e-2);
     p = p.mul_add(r, 1.666_666_5e-1);
-    p = p.mul_add(r, 5.000_000_1e-1);
+    p = p.mul_add(r, 0.5);
     let er = p.mul_add(r * r, r) + 1.0;
     // SAFETY: x ∈ [−87, 0] here, so n is a whole number in [−126, 0] (a plain `as` would add
     // saturation and NaN checks that stop the loop from vectorising).

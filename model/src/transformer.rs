@@ -205,12 +205,13 @@ impl Transformer {
 
     /// Logits `[B, T, V]` for a batch; with a cache, the new keys/values are
     /// appended at the cache's current length and attention covers all cached slots.
-    pub fn forward(&self, batch: &Batch, mut cache: Option<&mut KvCache>) -> Result<Tensor> {
-        let hidden = self.hidden_states(batch, cache.as_deref_mut())?;
+    pub fn forward(&self, batch: &Batch, cache: Option<&mut KvCache>) -> Result<Tensor> {
+        let hidden = self.hidden_states(batch, cache)?;
         Ok(hidden.linear::<Tensor>(&self.lm_head, None))
     }
 
     /// Final hidden states `[B, T, H]` (after the last norm).
+    #[allow(clippy::assign_op_pattern)] // `a = a + b` on tensors: `+=` would write in place into a tensor autograd or a view shares
     pub fn hidden_states(&self, batch: &Batch, mut cache: Option<&mut KvCache>) -> Result<Tensor> {
         let c = &self.config;
         let (b, t) = batch.ids.size2()?;

@@ -5,16 +5,21 @@ use super::error::{actor_err, RunError};
 use super::supervisor::RolloutSlots;
 use crate::learner::actor::LearnerMsg;
 use crate::metrics::Metrics;
-use crate::node::fleet::Publisher;
+use crate::node::publisher::Publisher;
 use crate::reward::{RewardMsg, ScoredGroup};
 use crate::rollout::actor::{Purpose, RolloutMsg, RolloutRequest, RolloutResult};
-use crate::weight_sync::{WeightSyncMsg, WeightUpdate};
+use crate::weight_sync::image::WeightUpdate;
+use crate::weight_sync::WeightSyncMsg;
 use ractor::ActorRef;
 use rlmesh_core::Task;
 use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::Duration;
 use tokio::task::JoinSet;
+
+/// A version on its way to the rollout actors: the seconds its send took, or none when a
+/// group broadcast failed (each process that missed it is given it before its next request).
+type Publication = std::pin::Pin<Box<dyn std::future::Future<Output = Result<Option<f64>, String>> + Send>>;
 
 /// The actors a run drives.
 pub(super) struct Driver {
@@ -133,7 +138,7 @@ impl Driver {
         if need_image && self.latest.as_ref().is_none_or(|u| u.version != version) {
             self.snapshot(version).await?;
         }
-        let mut waits: Vec<std::pin::Pin<Box<dyn std::future::Future<Output = Result<Option<f64>, String>> + Send>>> = vec![];
+        let mut waits: Vec<Publication> = vec![];
         if grouped {
             let p = self.publisher.as_ref().expect("grouped");
             let image = if p.needs_image() { self.latest.clone() } else { None };

@@ -297,7 +297,7 @@ impl<'a> RlLoop<'a> {
         self.phases = StepPhases::default();
         self.metrics_log.write(&row)?;
         let steps = self.cx.steps;
-        if step % recipe.rl.checkpoint_every == 0 && step < steps {
+        if step.is_multiple_of(recipe.rl.checkpoint_every) && step < steps {
             checkpoint(&driver.learner, self.cx.dir, version, &self.cursor_now()).await?;
         }
         status.tokens_per_s = row["tokens_per_s"].as_f64();

@@ -1,12 +1,12 @@
 //! The run driver: one run from its set-up to its summary, phase by phase.
 //!
 //! [`run`] checks a resume before anything is created, then opens the run
-//! ([`setup::Opened`]: directory, `/metrics`, the other processes), loads the
-//! policy ([`setup::Policy`]), starts the learner and warms it up
-//! ([`warm_start::WarmUp`]), spawns the other actors or hosts them in the
+//! (`setup::Opened`: directory, `/metrics`, the other processes), loads the
+//! policy (`setup::Policy`), starts the learner and warms it up
+//! (`warm_start::WarmUp`), spawns the other actors or hosts them in the
 //! fleet's processes, evaluates the warmed-up policy, runs the RL phase
-//! ([`super::rl_loop`]) and ends with the held-out evaluation and
-//! `summary.json` ([`finish`]). The phases live in their own files; this one
+//! (`super::rl_loop`) and ends with the held-out evaluation and
+//! `summary.json` (`finish`). The phases live in their own files; this one
 //! only sequences them.
 use super::driver::Driver;
 use super::finish::finish;
@@ -19,7 +19,7 @@ use super::setup::{rl_learner_config, Opened, Policy, Roles};
 use super::warm_start::{self, WarmUp};
 use crate::learner::actor::LearnerMsg;
 use crate::metrics::Metrics;
-use crate::node::fleet::LearnerLoss;
+use crate::node::link::LearnerLoss;
 use ractor::ActorRef;
 use rlmesh_core::Task;
 use serde_json::Value;
@@ -32,7 +32,7 @@ pub use super::finish::Summary;
 pub use super::resume::{check_resumable, finished_run};
 pub use super::run_dir::{claim_run_dir, set_aside_previous_run};
 pub use super::setup::RunOptions;
-pub use crate::node::fleet::LostRank;
+pub use crate::node::link::LostRank;
 
 /// Every tool some training task allows, sorted.
 fn allowed_tools(train: &[Task]) -> Vec<String> {

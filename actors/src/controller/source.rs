@@ -1,7 +1,7 @@
 //! TOML configuration files with errors that name the file, line and field.
 //!
 //! A file is read twice: once into a tree that keeps the byte span of every
-//! key and value ([`Doc`]), once into its typed struct. A serde error carries
+//! key and value (`Doc`), once into its typed struct. A serde error carries
 //! a span, which the tree turns into a field path (`learner.placement[1].gpus`);
 //! a semantic check ([`Invalid`], from a `validate` on plain data) names a
 //! path, which the tree turns into a line:

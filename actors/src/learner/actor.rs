@@ -2,7 +2,7 @@
 //! policy-gradient batches, publishing weight images and writing checkpoints.
 use super::{CheckpointMeta, Learner, LearnerConfig, SftBatch, StepStats, TrainBatch};
 use crate::device::DeviceThread;
-use crate::weight_sync::{pack, WeightUpdate};
+use crate::weight_sync::image::{pack, WeightUpdate};
 use ractor::{Actor, ActorProcessingErr, ActorRef, RpcReplyPort};
 use rlmesh_comm::{Collective, RingComm, RingConfig};
 use rlmesh_model::Transformer;

@@ -76,7 +76,7 @@ pub fn list_checkpoints(root: &Path) -> Vec<(u64, PathBuf)> {
             Some((step, e.path()))
         })
         .collect();
-    found.sort_by(|a, b| b.0.cmp(&a.0));
+    found.sort_by_key(|b| std::cmp::Reverse(b.0));
     found
 }
 

@@ -25,7 +25,7 @@
 //! weights from which the bfloat16 weights are rounded after each step.
 //!
 //! [`checkpoint`] writes and restores everything a run needs to continue
-//! exactly; [`bench`] measures a learner step against the same step in
+//! exactly; [`bench`](mod@bench) measures a learner step against the same step in
 //! PyTorch eager; [`rank`] runs one rank as a process.
 //!
 //! ```no_run

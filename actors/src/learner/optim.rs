@@ -147,6 +147,7 @@ impl AdamW {
 
     /// One update with learning rate `lr` from `params.grads` times `grad_scale`
     /// (the clipping coefficient, applied on the fly: the flat buffer is not rewritten).
+    #[allow(clippy::assign_op_pattern)] // `a = a + b` on tensors: `+=` would write in place into a tensor autograd or a view shares
     pub(crate) fn update(&mut self, params: &ParamSet, lr: f64, grad_scale: f64) {
         let c = self.cfg;
         self.step += 1;
@@ -186,7 +187,7 @@ impl AdamW {
                     let _ = flat_target.narrow(0, at, len).g_sub_(&update);
                 }
                 if self.master.is_some() {
-                    let _ = params.tensors[i].shallow_clone().copy_(&target);
+                    params.tensors[i].shallow_clone().copy_(&target);
                 }
             }
         });
@@ -379,8 +380,8 @@ mod tests {
         let (mut a, mut b) = (AdamW::new(&fused, cfg), AdamW::new(&plain, cfg));
         for step in 0..4 {
             let g = values(fused.total, 100 + step);
-            let _ = fused.grads.shallow_clone().copy_(&g);
-            let _ = plain.grads.shallow_clone().copy_(&g);
+            fused.grads.shallow_clone().copy_(&g);
+            plain.grads.shallow_clone().copy_(&g);
             let scale = if step % 2 == 0 { 1.0 } else { 0.37 };
             a.update(&fused, 1e-3 * (step + 1) as f64, scale);
             b.update(&plain, 1e-3 * (step + 1) as f64, scale);

@@ -593,6 +593,7 @@ impl Learner {
     }
 
     /// The micro-batch's share of the objective (`Σ w·l`), adding its statistics to `sums`.
+    #[allow(clippy::assign_op_pattern)] // `a = a + b` on tensors: `+=` would write in place into a tensor autograd or a view shares
     fn micro_loss(&self, mb: &MicroBatch, policy: bool, totals: &BatchTotals, sums: &mut Sums) -> Result<Tensor> {
         let cfg = &self.config;
         let f = self.forward(mb, policy && cfg.entropy_coef != 0.0)?;

@@ -5,7 +5,7 @@
 //! `EVERY_S / 2 ..= 3 · EVERY_S / 2` seconds (default 20 s) by a generator
 //! seeded from the run's seed, and each kill is logged with the process, its
 //! pid and the time. The keeper then does what it does for any lost process.
-use super::fleet::{Core, Say};
+use super::link::{Core, Say};
 use crate::controller::topology::Role;
 use rlmesh_mesh::launch::Signal;
 use std::sync::Arc;

@@ -1,7 +1,7 @@
 //! The controller's side of a distributed run: it starts every process of
 //! the plan, waits for each to join, tells each what to host, and stands for
 //! the remote actors with proxy actors that take the same messages as local
-//! ones ([`RolloutMsg`], [`LearnerMsg`]).
+//! ones (`RolloutMsg`, `LearnerMsg`).
 //!
 //! - **Start.** A process whose host is one of this machine's addresses is a
 //!   child; any other starts through the system OpenSSH client
@@ -26,30 +26,30 @@ use super::serve::{bind_endpoint, endpoint, listen_address};
 use super::wire::*;
 use super::weights::{GroupSpec, WeightGroup};
 use super::keeper::{KeepPolicy, Keeper};
+use super::link::{has, ready, tail, Core, LearnerLoss, Member, Reply, Route, Say, HELLO_ID, SETUP_ID};
+use super::proxies::{proxy, RemoteLearner, RemoteLearnerArgs};
+use super::publisher::{GroupState, Publisher, Root};
 use super::{Outboxes, RefusalMirror};
 use crate::controller::supervisor::RolloutSlots;
-use crate::weight_sync::WeightUpdate;
 use crate::metrics::Metrics;
 use crate::controller::plan::{Plan, Process as Planned};
 use crate::controller::status::ProcessEntry;
 use crate::controller::topology::Role;
 use crate::learner::actor::LearnerMsg;
 use crate::learner::LearnerConfig;
-use crate::rollout::actor::{RolloutMsg, RolloutResult};
-use crate::weight_sync::WeightAck;
-use ractor::{Actor, ActorProcessingErr, ActorRef};
-use rlmesh_mesh::control::{ControlConfig, ControlNode, ControlSender, Incoming, PeerEvent};
+use ractor::{Actor, ActorRef};
+use rlmesh_mesh::control::{ControlConfig, ControlNode, Incoming, PeerEvent};
 use rlmesh_mesh::cookie::Cookie;
 use rlmesh_mesh::data_plane::{DataPlaneConfig, Inbox};
 use rlmesh_mesh::frame::FrameCodec;
 use rlmesh_mesh::launch::{Exit, Host, Launcher, Process, ProcessSpec, SshConfig};
 use rlmesh_mesh::slurm::SrunConfig;
-use std::collections::{BTreeMap, HashMap, HashSet};
+use std::collections::{BTreeMap, HashMap};
 use std::path::{Path, PathBuf};
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::AtomicU64;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
-use tokio::sync::{mpsc, oneshot};
+use tokio::sync::mpsc;
 
 /// How to start the processes of a plan.
 #[derive(Clone, Debug)]
@@ -122,196 +122,6 @@ pub struct Hosted {
     pub learner_ranks: usize,
 }
 
-/// Key of a call waiting for its reply: (call id, learner rank or 0).
-pub(super) type Key = (u64, u32);
-pub(super) const SETUP_ID: u64 = u64::MAX;
-/// A restarted process's [`Hello`] (keyed by its member index).
-pub(super) const HELLO_ID: u64 = u64::MAX - 1;
-
-#[derive(Debug)]
-pub(super) enum Reply {
-    Control(ControlMsg),
-    Data(DataMsg),
-    Lost(String),
-}
-
-/// What the proxies, the router and the keeper share.
-pub(super) struct Core {
-    pub(super) tx: ControlSender<ControlMsg>,
-    pub(super) out: Outboxes,
-    pub(super) my_data: String,
-    next: AtomicU64,
-    pub(super) names: Vec<String>,
-    /// The run's cookie (hex), for the weight-sync group.
-    cookie: String,
-    /// The address the controller's listeners bind (`None`: every interface).
-    listen: Option<std::net::IpAddr>,
-    /// The longest wait for a call's answer before its process counts as stalled.
-    call_timeout: Duration,
-    /// Every started process, in plan order (the keeper starts one again in place).
-    pub(super) members: Mutex<Vec<Member>>,
-    /// The policy version each rollout process holds (checked by its digest).
-    versions: Mutex<HashMap<String, u64>>,
-    /// Per rollout process, whether its newest group publication has settled
-    /// (loaded, refused or lost): a request waits for it before it goes out,
-    /// so it is generated with the version published before it was dispatched.
-    settling: Mutex<HashMap<String, tokio::sync::watch::Receiver<bool>>>,
-    pending: Mutex<HashMap<Key, (Vec<String>, oneshot::Sender<Reply>)>>,
-    /// The rollout proxies, one slot per rollout process (`None` while it is down).
-    pub(super) rollouts: RolloutSlots,
-    /// How each rollout process is reached, by slot (set once hosted).
-    pub(super) routes: std::sync::OnceLock<Vec<Route>>,
-    /// Processes lost and not (yet) back (the keeper's record of the restarts it owes).
-    pub(super) down: Mutex<HashSet<String>>,
-    /// Processes lost and not set up again: a call on one fails at once.
-    gone: Mutex<HashSet<String>>,
-    /// Rollout processes that missed a version of the group (restarted, or a
-    /// broadcast failed): the driver loads the current one into each before its next request.
-    missed: Mutex<HashSet<String>>,
-    /// Losses for the keeper: (process, why).
-    pub(super) lost: mpsc::UnboundedSender<(String, String)>,
-    /// The weight-sync group's sender (the keeper forms the group again when a member is lost).
-    pub(super) publisher: std::sync::OnceLock<Publisher>,
-    /// Set when a learner rank's process is lost.
-    learner_loss: LearnerLoss,
-}
-
-/// How the controller reaches one rollout process.
-#[derive(Clone, Debug)]
-pub(super) struct Route {
-    pub(super) process: String,
-    /// Its data endpoint.
-    pub(super) data: String,
-    /// Where its groups go to be scored: a reward process (by name and endpoint), or none (the controller).
-    pub(super) reward: Option<(String, String)>,
-    /// Its key for weight acknowledgements (member index + 1).
-    pub(super) key: u32,
-}
-
-impl Core {
-    pub(super) fn id(&self) -> u64 {
-        self.next.fetch_add(1, Ordering::Relaxed)
-    }
-
-    /// The reply to call `key`, failed if any of `processes` is lost before
-    /// it comes (at once if one is lost already).
-    pub(super) fn expect(&self, processes: &[&str], key: Key) -> oneshot::Receiver<Reply> {
-        let (tx, rx) = oneshot::channel();
-        self.pending.lock().expect("pending lock").insert(key, (processes.iter().map(|p| p.to_string()).collect(), tx));
-        // After the insert: a loss noted since is seen here, one noted later fails the call itself.
-        let gone = self.gone.lock().expect("gone lock").iter().find(|g| processes.contains(&g.as_str())).cloned();
-        if let Some(p) = gone {
-            if let Some((_, tx)) = self.pending.lock().expect("pending lock").remove(&key) {
-                let _ = tx.send(Reply::Lost(p));
-            }
-        }
-        rx
-    }
-
-    /// Waits for a call's answer from `process`. Past the call timeout the
-    /// process counts as stalled (its heartbeats may still arrive): the call
-    /// fails and the keeper takes the process down like a silent one.
-    pub(super) async fn answer(&self, rx: oneshot::Receiver<Reply>, process: &str) -> Result<Reply, oneshot::error::RecvError> {
-        match tokio::time::timeout(self.call_timeout, rx).await {
-            Ok(r) => r,
-            Err(_) => {
-                let why = format!("stalled: it answered no call within {:?} (`[faults] call_timeout_s`), though it may still send heartbeats", self.call_timeout);
-                eprintln!("[fleet] {process} {why}");
-                let _ = self.lost.send((process.to_string(), why));
-                Ok(Reply::Lost(process.to_string()))
-            }
-        }
-    }
-
-    /// `process` was started again and says Hello: calls on it wait for their answers again.
-    pub(super) fn revive(&self, process: &str) {
-        self.gone.lock().expect("gone lock").remove(process);
-    }
-
-    fn resolve(&self, key: Key, reply: Reply) {
-        match self.pending.lock().expect("pending lock").remove(&key) {
-            Some((_, tx)) => {
-                let _ = tx.send(reply);
-            }
-            None => eprintln!("[fleet] a reply to call {key:?} that nothing waits for (late, after a loss?)"),
-        }
-    }
-
-    /// `process` is lost (`why`): a learner rank's loss is noted for the run
-    /// first, then every call waiting on it fails.
-    pub(super) fn lose(&self, process: &str, why: &str, exited: bool) {
-        let learner = self.members.lock().expect("members lock").iter().any(|m| m.planned.name == process && has(&m.planned, Role::Learner));
-        if learner {
-            self.learner_loss.lock().expect("loss lock").get_or_insert_with(|| LostRank { why: format!("{process} {why}"), exited });
-        }
-        self.gone.lock().expect("gone lock").insert(process.to_string());
-        self.fail_process(process);
-    }
-
-    /// Fails every call waiting on `process`.
-    pub(super) fn fail_process(&self, process: &str) {
-        let mut pending = self.pending.lock().expect("pending lock");
-        let keys: Vec<Key> = pending.iter().filter(|(_, (p, _))| p.iter().any(|p| p == process)).map(|(k, _)| *k).collect();
-        for k in keys {
-            if let Some((_, tx)) = pending.remove(&k) {
-                let _ = tx.send(Reply::Lost(process.to_string()));
-            }
-        }
-    }
-
-    pub(super) fn index(&self, process: &str) -> Option<usize> {
-        self.names.iter().position(|n| n == process)
-    }
-
-    fn is_down(&self, process: &str) -> bool {
-        self.down.lock().expect("down lock").contains(process)
-    }
-
-    /// The rollout process behind proxy `actor`, if it is one of ours.
-    fn process_of(&self, actor: &ActorRef<RolloutMsg>) -> Option<String> {
-        let slots = self.rollouts.lock().expect("slots lock");
-        let i = slots.iter().position(|s| s.as_ref().is_some_and(|r| r.get_id() == actor.get_id()))?;
-        self.routes.get().map(|r| r[i].process.clone())
-    }
-
-    pub(super) fn mark_missed(&self, process: &str) {
-        self.missed.lock().expect("missed lock").insert(process.to_string());
-    }
-
-    /// `process` checked and loaded `version`.
-    fn loaded(&self, process: &str, version: u64) {
-        self.versions.lock().expect("versions lock").insert(process.to_string(), version);
-        self.missed.lock().expect("missed lock").remove(process);
-    }
-
-    /// Waits until the newest group publication to `process` has settled
-    /// (bounded by the call timeout). Without it a request could overtake the
-    /// version published just before it and be generated with the one before:
-    /// in `one_step_off` with two rollout processes that made 96 of 256 groups
-    /// stale. A publication whose future was dropped counts as settled.
-    async fn settled(&self, process: &str) {
-        let settling = self.settling.lock().expect("settling lock").get(process).cloned();
-        if let Some(mut rx) = settling {
-            let _ = tokio::time::timeout(self.call_timeout, rx.wait_for(|done| *done)).await;
-        }
-    }
-}
-
-/// One started process.
-pub(super) struct Member {
-    pub(super) planned: Planned,
-    pub(super) hello: Hello,
-    /// The handle of a process this run started (none when started externally).
-    pub(super) process: Option<Process>,
-    pub(super) log: PathBuf,
-    /// How it was started (none when started externally), to start it again.
-    pub(super) spec: Option<ProcessSpec>,
-    /// What it was told to host, to host it again after a restart.
-    pub(super) setup: Option<NodeSetup>,
-    /// Times it was started again.
-    pub(super) restarts: u32,
-}
-
 /// The processes of a run other than the controller's own.
 pub struct Fleet {
     core: Arc<Core>,
@@ -335,12 +145,6 @@ fn log_name(process: &str) -> String {
     format!("{}.log", process.replace('/', "_"))
 }
 
-/// The last `n` lines of a log file, for an error message.
-fn tail(path: &Path, n: usize) -> String {
-    let text = std::fs::read_to_string(path).unwrap_or_default();
-    let lines: Vec<&str> = text.lines().collect();
-    lines[lines.len().saturating_sub(n)..].join("\n")
-}
 
 impl Fleet {
     /// Starts every process of `spec.plan` but the controller's own, and waits until each has joined.
@@ -457,7 +261,6 @@ impl Fleet {
             gone: Mutex::default(),
             missed: Mutex::default(),
             lost,
-            publisher: std::sync::OnceLock::new(),
             learner_loss,
         });
         let router = tokio::spawn(route(control, inbox, core.clone(), metrics));
@@ -607,16 +410,13 @@ impl Fleet {
             state: Arc::new(Mutex::new(GroupState { epoch: 0, members: (0..rollout_members.len()).collect(), broken: false })),
             forming: Arc::default(),
         });
-        if let Some(p) = &publisher {
-            let _ = core.publisher.set(p.clone());
-        }
         let launchers: HashMap<String, Launcher> = if self.spec.external {
             HashMap::new()
         } else {
             self.plan.processes.iter().filter(|p| p.name != self.me.name).map(|p| (p.name.clone(), self.spec.launcher(p))).collect()
         };
         let losses = self.losses.lock().expect("losses lock").take().ok_or("the fleet is hosted once")?;
-        let keeper = Keeper::new(core.clone(), launchers, KeepPolicy::new(self.spec.join_timeout), metrics, say);
+        let keeper = Keeper::new(core.clone(), publisher.clone(), launchers, KeepPolicy::new(self.spec.join_timeout), metrics, say);
         *self.keeper.lock().expect("keeper lock") = Some(tokio::spawn(keeper.run(losses, self.spec.chaos.clone(), self.rl.subscribe())));
         Ok(Hosted { publisher, rollouts: core.rollouts.clone(), learner, learner_ranks })
     }
@@ -711,30 +511,6 @@ impl Drop for Fleet {
     }
 }
 
-/// Lines for the run's progress log.
-pub type Say = Arc<dyn Fn(String) + Send + Sync>;
-
-/// Waits for a process's answer to its [`NodeSetup`].
-pub(super) async fn ready(rx: oneshot::Receiver<Reply>, name: &str, log: &Path) -> Result<(), String> {
-    match tokio::time::timeout(Duration::from_secs(300), rx).await {
-        Ok(Ok(Reply::Control(ControlMsg::Ready(Ok(()))))) => Ok(()),
-        Ok(Ok(Reply::Control(ControlMsg::Ready(Err(e))))) => Err(format!("{name}: setup failed: {e}")),
-        Ok(Ok(Reply::Lost(_))) => Err(format!("{name}: lost during setup; the end of its log ({}):\n{}", log.display(), tail(log, 20))),
-        Ok(Ok(other)) => Err(format!("{name}: setup: unexpected answer {other:?}; its log: {}", log.display())),
-        Ok(Err(_)) => Err(format!("{name}: setup: the router stopped")),
-        Err(_) => Err(format!("{name}: not ready within 300 s; the end of its log ({}):\n{}", log.display(), tail(log, 20))),
-    }
-}
-
-/// A proxy for the rollout process `route` names.
-pub(super) async fn proxy(core: &Arc<Core>, route: Route) -> Result<ActorRef<RolloutMsg>, String> {
-    let (r, _) = Actor::spawn(None, RemoteRollout, RemoteRolloutArgs { core: core.clone(), route }).await.map_err(|e| format!("rollout proxy: {e}"))?;
-    Ok(r)
-}
-
-fn has(p: &Planned, role: Role) -> bool {
-    p.actors.iter().any(|a| a.role == role)
-}
 
 /// (threads, cores) of each member: on each host, the rollout and learner
 /// processes take the host's cores in turn, each pinned to an even share
@@ -800,378 +576,3 @@ async fn route(mut control: ControlNode<ControlMsg>, mut inbox: Inbox<DataMsg>, 
         }
     }
 }
-
-/// Arguments of a [`RemoteRollout`] proxy.
-pub struct RemoteRolloutArgs {
-    core: Arc<Core>,
-    route: Route,
-}
-
-/// Stands for the rollout actor of one process.
-pub struct RemoteRollout;
-
-impl Actor for RemoteRollout {
-    type Msg = RolloutMsg;
-    type State = RemoteRolloutArgs;
-    type Arguments = RemoteRolloutArgs;
-
-    async fn pre_start(&self, _myself: ActorRef<Self::Msg>, args: RemoteRolloutArgs) -> Result<Self::State, ActorProcessingErr> {
-        Ok(args)
-    }
-
-    async fn handle(&self, myself: ActorRef<Self::Msg>, msg: Self::Msg, s: &mut RemoteRolloutArgs) -> Result<(), ActorProcessingErr> {
-        let (core, process) = (&s.core, s.route.process.as_str());
-        let id = core.id();
-        let key = if matches!(msg, RolloutMsg::LoadWeights(..)) { s.route.key } else { 0 };
-        // Groups go to their reward process, or are scored here while it is down.
-        let reward = s.route.reward.as_ref().filter(|(name, _)| !core.is_down(name));
-        let mut waits_on = vec![process];
-        waits_on.extend(reward.map(|(name, _)| name.as_str()));
-        let rx = core.expect(&waits_on, (id, key));
-        // Its own process gone (not its reward process): the keeper takes over, and this proxy stops.
-        let mut gone: Option<String> = None;
-        let mut lost = |e: String| -> String {
-            if gone.is_none() {
-                gone = Some(e.clone());
-            }
-            e
-        };
-        match msg {
-            RolloutMsg::Generate(req, reply) => {
-                core.settled(process).await;
-                let to = reward.map_or_else(|| core.my_data.clone(), |(_, data)| data.clone());
-                let out = match core.tx.send(process, &ControlMsg::Generate { id, reward: to, request: Json::of(&req) }) {
-                    Err(e) => Err(lost(e.to_string())),
-                    Ok(()) => match core.answer(rx, process).await {
-                        Ok(Reply::Data(DataMsg::Scored { result, .. } | DataMsg::Groups { result, .. })) => result.and_then(|j| j.get::<RolloutResult>("RolloutResult")),
-                        Ok(Reply::Lost(p)) if p == process => Err(lost(format!("{p} is lost"))),
-                        Ok(Reply::Lost(p)) => Err(format!("its reward process {p} is lost")),
-                        other => Err(format!("unexpected answer {other:?}")),
-                    },
-                };
-                let _ = reply.send(out.map_err(|e| format!("{process}: {e}")));
-            }
-            RolloutMsg::LoadWeights(update, reply) => {
-                let out: Result<WeightAck, String> = match core.out.send(&s.route.data, DataMsg::Weights { id, update }).await {
-                    Err(e) => Err(e),
-                    Ok(()) => match core.answer(rx, process).await {
-                        Ok(Reply::Control(ControlMsg::WeightsLoaded { result, .. })) => {
-                            if let Ok(ack) = &result {
-                                core.loaded(process, ack.version);
-                            }
-                            result
-                        }
-                        Ok(Reply::Lost(p)) => Err(lost(format!("{p} is lost"))),
-                        other => Err(format!("unexpected answer {other:?}")),
-                    },
-                };
-                let _ = reply.send(out.map_err(|e| format!("{process}: {e}")));
-            }
-        }
-        if let Some(why) = gone {
-            let _ = core.lost.send((process.to_string(), why));
-            myself.stop(Some("its process is lost".into()));
-        }
-        Ok(())
-    }
-}
-
-/// Arguments of a [`RemoteLearner`] proxy.
-pub struct RemoteLearnerArgs {
-    core: Arc<Core>,
-    /// (rank, process, data endpoint), by rank.
-    ranks: Vec<(u32, String, String)>,
-}
-
-/// Stands for the learner's data-parallel ranks: every call goes to every rank
-/// (each trains on its shard), and rank 0's answer is the answer.
-pub struct RemoteLearner;
-
-impl RemoteLearner {
-    async fn call(s: &RemoteLearnerArgs, call: LearnerCall) -> Result<Reply, String> {
-        let id = s.core.id();
-        let json = Json::of(&call);
-        let mut waits = vec![];
-        for (rank, process, data) in &s.ranks {
-            let rx = s.core.expect(&[process], (id, *rank));
-            s.core.out.send(data, DataMsg::Learner { id, call: json.clone() }).await?;
-            waits.push((*rank, process, rx));
-        }
-        let mut first = None;
-        for (rank, process, rx) in waits {
-            let r = s.core.answer(rx, process).await.map_err(|_| "the router stopped".to_string())?;
-            match &r {
-                Reply::Lost(p) => return Err(format!("learner rank {rank} ({p}) is lost")),
-                Reply::Data(DataMsg::LearnerDone { result: Err(e), .. }) => return Err(format!("learner rank {rank} ({process}): {e}")),
-                _ => {}
-            }
-            if rank == 0 {
-                first = Some(r);
-            }
-        }
-        first.ok_or_else(|| "no learner rank 0".to_string())
-    }
-
-    fn out(r: Result<Reply, String>) -> Result<LearnerOut, String> {
-        match r? {
-            Reply::Data(DataMsg::LearnerDone { result, .. }) => result.and_then(|j| j.get::<LearnerOut>("LearnerOut")),
-            other => Err(format!("unexpected learner answer {other:?}")),
-        }
-    }
-}
-
-impl Actor for RemoteLearner {
-    type Msg = LearnerMsg;
-    type State = RemoteLearnerArgs;
-    type Arguments = RemoteLearnerArgs;
-
-    async fn pre_start(&self, _myself: ActorRef<Self::Msg>, args: RemoteLearnerArgs) -> Result<Self::State, ActorProcessingErr> {
-        Ok(args)
-    }
-
-    async fn handle(&self, _myself: ActorRef<Self::Msg>, msg: Self::Msg, s: &mut RemoteLearnerArgs) -> Result<(), ActorProcessingErr> {
-        let stats = |o: Result<LearnerOut, String>| match o? {
-            LearnerOut::Stats(st) => Ok(st),
-            other => Err(format!("expected step statistics, got {other:?}")),
-        };
-        match msg {
-            LearnerMsg::Sft(b, reply) => {
-                let _ = reply.send(stats(Self::out(Self::call(s, LearnerCall::Sft(b)).await)));
-            }
-            LearnerMsg::Train(b, reply) => {
-                let _ = reply.send(stats(Self::out(Self::call(s, LearnerCall::Train(b)).await)));
-            }
-            LearnerMsg::Configure(c, reply) => {
-                let _ = reply.send(Self::out(Self::call(s, LearnerCall::Configure(c)).await).map(|_| ()));
-            }
-            LearnerMsg::Checkpoint(root, meta, reply) => {
-                let _ = reply.send(Self::out(Self::call(s, LearnerCall::Checkpoint(root, meta)).await).and_then(|o| match o {
-                    LearnerOut::Path(p) => Ok(p),
-                    other => Err(format!("expected a checkpoint path, got {other:?}")),
-                }));
-            }
-            LearnerMsg::Resume(root, c, reply) => {
-                let _ = reply.send(Self::out(Self::call(s, LearnerCall::Resume(root, c)).await).and_then(|o| match o {
-                    LearnerOut::Meta(m) => Ok(m),
-                    other => Err(format!("expected a checkpoint record, got {other:?}")),
-                }));
-            }
-            LearnerMsg::Snapshot(version, reply) => match Self::call(s, LearnerCall::Snapshot(version)).await {
-                Ok(Reply::Data(DataMsg::Snapshot { update, .. })) => {
-                    let _ = reply.send(update);
-                }
-                // The reply port takes a weight image only: failing the call is the only way to say it failed.
-                other => return Err(format!("learner snapshot v{version}: {other:?}").into()),
-            },
-        }
-        Ok(())
-    }
-}
-
-/// Where a version starts from.
-enum Root {
-    /// This process (the learner is here): it broadcasts the image it is given.
-    Controller(Mutex<Arc<WeightGroup>>),
-    /// Learner rank 0's process: it broadcasts its own weights.
-    Learner { process: String, data: String },
-}
-
-/// The weight-sync group as last formed.
-struct GroupState {
-    epoch: u32,
-    /// Its rollout processes, by slot, in rank order (rank k + 1).
-    members: Vec<usize>,
-    /// A broadcast failed: form it again before the next.
-    broken: bool,
-}
-
-/// Sends each version to every rollout process through the weight-sync group,
-/// forming the group again (one epoch higher) when its members changed or a
-/// broadcast failed. A process that missed a version is marked, and the driver
-/// loads the current version into it before its next request.
-#[derive(Clone)]
-pub struct Publisher {
-    core: Arc<Core>,
-    root: Arc<Root>,
-    /// Rank 0's rendezvous.
-    addr: String,
-    state: Arc<Mutex<GroupState>>,
-    /// One forming at a time (the keeper forms it when a member is lost, the driver before a version).
-    forming: Arc<tokio::sync::Mutex<()>>,
-}
-
-impl Publisher {
-    /// Does the controller hold the weights it sends (the learner is in its process)?
-    pub fn needs_image(&self) -> bool {
-        matches!(*self.root, Root::Controller(_))
-    }
-
-    /// Did the rollout process behind proxy `actor` miss a version (restarted,
-    /// or a broadcast to it failed)? Then it must be given the current one.
-    pub fn missed(&self, actor: &ActorRef<RolloutMsg>) -> bool {
-        self.core.process_of(actor).is_some_and(|p| self.core.missed.lock().expect("missed lock").contains(&p))
-    }
-
-    /// The group's members for this version: the live rollout processes. When
-    /// they changed (or the last broadcast failed), every member and the root
-    /// are told to form it again at the next epoch, ahead of the broadcast.
-    pub(super) async fn members(&self) -> Result<Vec<usize>, String> {
-        let _forming = self.forming.lock().await;
-        let core = &self.core;
-        let live: Vec<usize> = core.rollouts.lock().expect("slots lock").iter().enumerate().filter(|(_, r)| r.is_some()).map(|(i, _)| i).collect();
-        let (epoch, regroup, abort) = {
-            let mut st = self.state.lock().expect("group lock");
-            let regroup = st.broken || st.members != live;
-            // A member gone (or a failed broadcast): what the old group still waits on is aborted.
-            let abort = st.broken || st.members.iter().any(|m| !live.contains(m));
-            if regroup {
-                st.epoch += 1;
-                st.members = live.clone();
-                st.broken = false;
-            }
-            (st.epoch, regroup, abort)
-        };
-        if !regroup {
-            return Ok(live);
-        }
-        let routes = core.routes.get().ok_or("the group has no routes yet")?;
-        let world = live.len() as u32 + 1;
-        let spec = |rank: u32| GroupSpec { rank, world, addr: self.addr.clone(), epoch };
-        eprintln!("[fleet] weight-sync group: forming epoch {epoch} with {} rollout process(es)", live.len());
-        for (k, &i) in live.iter().enumerate() {
-            let p = &routes[i].process;
-            core.tx.send(p, &ControlMsg::Regroup { spec: spec(k as u32 + 1), abort }).map_err(|e| format!("{p}: {e}"))?;
-        }
-        match &*self.root {
-            Root::Controller(g) => {
-                let old = std::mem::replace(&mut *g.lock().expect("group lock"), Arc::new(WeightGroup::join(&spec(0), &core.cookie, core.listen)));
-                if abort {
-                    old.abort();
-                }
-            }
-            Root::Learner { data, .. } => core.out.send(data, DataMsg::Learner { id: core.id(), call: Json::of(&LearnerCall::Regroup { spec: spec(0), abort }) }).await?,
-        }
-        Ok(live)
-    }
-
-    /// Starts version `version` towards every live rollout process (`image`: the
-    /// weights, when [`Publisher::needs_image`]); the future ends when every
-    /// process has checked and loaded it, with the seconds the broadcast took.
-    /// A failure marks the processes that did not load it and breaks the group
-    /// (it is formed again for the next version).
-    pub async fn publish(&self, version: u64, image: Option<WeightUpdate>) -> Result<impl std::future::Future<Output = Result<f64, String>> + Send + 'static, String> {
-        let core = &self.core;
-        let members = match self.members().await {
-            Ok(m) => m,
-            Err(e) => {
-                self.state.lock().expect("group lock").broken = true;
-                return Err(e);
-            }
-        };
-        let routes = core.routes.get().ok_or("the group has no routes yet")?;
-        let epoch = self.state.lock().expect("group lock").epoch;
-        let id = core.id();
-        let mut acks = vec![];
-        // A receipt also fails when the root is lost: the broadcast it waits for will not come.
-        let root = match &*self.root {
-            Root::Learner { process, .. } => Some(process.as_str()),
-            Root::Controller(_) => None,
-        };
-        for &i in &members {
-            let Route { process, key, .. } = &routes[i];
-            let waits_on: Vec<&str> = std::iter::once(process.as_str()).chain(root).collect();
-            let (settled, settling) = tokio::sync::watch::channel(false);
-            core.settling.lock().expect("settling lock").insert(process.clone(), settling);
-            acks.push((process.clone(), core.expect(&waits_on, (id, *key)), settled));
-            if let Err(e) = core.tx.send(process, &ControlMsg::Receive { id }) {
-                core.lose(process, &e.to_string(), false);
-                let _ = core.lost.send((process.clone(), e.to_string()));
-            }
-        }
-        let sent: std::pin::Pin<Box<dyn std::future::Future<Output = Result<f64, String>> + Send>> = match &*self.root {
-            Root::Controller(g) => {
-                let update = image.ok_or("the controller sends the weights but was given none")?;
-                let pending = g.lock().expect("group lock").send(update);
-                Box::pin(async move { pending.wait().await })
-            }
-            Root::Learner { process, data } => {
-                let rx = core.expect(&[process], (id, 0));
-                core.out.send(data, DataMsg::Learner { id, call: Json::of(&LearnerCall::Publish(version)) }).await?;
-                let process = process.clone();
-                // Not under the call timeout: the broadcast waits for every member, so a
-                // stalled receiver would be blamed on rank 0. The ring bounds each of its
-                // waits, and the receivers' acknowledgements below are under the timeout.
-                Box::pin(async move {
-                    match rx.await {
-                        Ok(Reply::Data(DataMsg::LearnerDone { result, .. })) => match result.and_then(|j| j.get::<LearnerOut>("LearnerOut"))? {
-                            LearnerOut::Published(secs) => Ok(secs),
-                            other => Err(format!("{process}: expected a publication, got {other:?}")),
-                        },
-                        Ok(Reply::Lost(p)) => Err(format!("{p} is lost")),
-                        other => Err(format!("{process}: unexpected answer {other:?}")),
-                    }
-                })
-            }
-        };
-        let (core, state) = (core.clone(), self.state.clone());
-        Ok(async move {
-            // The receivers' acknowledgements are awaited beside the broadcast, each under
-            // the call timeout: a stalled receiver is taken down, which aborts the group's
-            // collective, rather than holding the broadcast for the ring's own bound.
-            let waits: Vec<_> = acks
-                .into_iter()
-                .map(|(process, rx, settled)| {
-                    let core = core.clone();
-                    tokio::spawn(async move {
-                        let r = core.answer(rx, &process).await;
-                        // Loaded, refused or lost: requests to it may go out (versions is set below).
-                        if let Ok(Reply::Control(ControlMsg::WeightsLoaded { result: Ok(ack), .. })) = &r {
-                            core.loaded(&process, ack.version);
-                        }
-                        let _ = settled.send(true);
-                        (process, r)
-                    })
-                })
-                .collect();
-            let sent = sent.await;
-            // Every member answers (a broken ring fails each receipt at once), so each one's outcome is known.
-            let mut first_err = sent.as_ref().err().cloned();
-            for wait in waits {
-                let Ok((process, answer)) = wait.await else { continue };
-                let err = match answer {
-                    // Recorded by its wait above.
-                    Ok(Reply::Control(ControlMsg::WeightsLoaded { result: Ok(_), .. })) => continue,
-                    Ok(Reply::Control(ControlMsg::WeightsLoaded { result: Err(e), .. })) => format!("{process}: v{version}: {e}"),
-                    Ok(Reply::Lost(p)) => format!("{p} is lost"),
-                    other => format!("{process}: unexpected answer {other:?}"),
-                };
-                core.mark_missed(&process);
-                first_err.get_or_insert(err);
-            }
-            match first_err {
-                None => sent,
-                Some(e) => {
-                    // Unless the group was formed again meanwhile (a lost member's abort failed this one).
-                    let mut st = state.lock().expect("group lock");
-                    if st.epoch == epoch {
-                        st.broken = true;
-                    }
-                    Err(e)
-                }
-            }
-        })
-    }
-}
-
-/// Set by the fleet when a learner rank's process is lost.
-pub type LearnerLoss = Arc<Mutex<Option<LostRank>>>;
-
-/// How a learner rank's process was lost.
-#[derive(Clone, Debug)]
-pub struct LostRank {
-    /// Which process, and how.
-    pub why: String,
-    /// It exited (rather than fell silent).
-    pub exited: bool,
-}
-

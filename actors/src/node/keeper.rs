@@ -22,7 +22,9 @@
 //! leaving its last checkpoint for `--resume`. Restarts are counted in
 //! `rlmesh_actor_restarts_total{actor=PROCESS}` and
 //! `rlmesh_restart_budget_left{actor=PROCESS}`, and shown by `launcher status`.
-use super::fleet::{proxy, ready, Core, Reply, Say, HELLO_ID, SETUP_ID};
+use super::link::{ready, Core, Reply, Say, HELLO_ID, SETUP_ID};
+use super::proxies::proxy;
+use super::publisher::Publisher;
 use super::wire::ControlMsg;
 use crate::controller::topology::Role;
 use crate::metrics::Metrics;
@@ -73,6 +75,8 @@ impl KeepPolicy {
 /// The keeper: one task, plus one task per restart in progress.
 pub(super) struct Keeper {
     core: Arc<Core>,
+    /// The weight-sync group's sender (formed again when a rollout process is lost).
+    publisher: Option<Publisher>,
     /// How each started process is started (none: started externally, never restarted here).
     launchers: HashMap<String, Launcher>,
     policy: KeepPolicy,
@@ -81,11 +85,11 @@ pub(super) struct Keeper {
 }
 
 impl Keeper {
-    pub(super) fn new(core: Arc<Core>, launchers: HashMap<String, Launcher>, policy: KeepPolicy, metrics: Arc<Metrics>, say: Say) -> Arc<Keeper> {
+    pub(super) fn new(core: Arc<Core>, publisher: Option<Publisher>, launchers: HashMap<String, Launcher>, policy: KeepPolicy, metrics: Arc<Metrics>, say: Say) -> Arc<Keeper> {
         for name in launchers.keys() {
             metrics.restart_budget_left.with_label_values(&[name]).set(f64::from(policy.budget));
         }
-        Arc::new(Keeper { core, launchers, policy, metrics, say })
+        Arc::new(Keeper { core, publisher, launchers, policy, metrics, say })
     }
 
     /// Watches until aborted (the fleet's shutdown aborts it, and the restarts
@@ -147,7 +151,7 @@ impl Keeper {
             }
             // The weight-sync group without it, now: a broadcast blocked on it
             // (a lost host keeps its sockets open) is aborted on every member.
-            if let Some(p) = core.publisher.get().cloned() {
+            if let Some(p) = self.publisher.clone() {
                 tokio::spawn(async move {
                     if let Err(e) = p.members().await {
                         eprintln!("[keeper] forming the weight-sync group again: {e}");

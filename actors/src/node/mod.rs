@@ -4,8 +4,14 @@
 //! - [`wire`] — the control and data messages (one definition each);
 //! - [`serve`] — `launcher node`: a process hosting rollout, reward or learner actors;
 //! - [`fleet`] — the controller's side: starting the plan's processes
-//!   (`mesh::launch`: children or ssh), the handshake, and the proxy actors
-//!   that stand for remote actors behind the same messages as local ones;
+//!   (`mesh::launch`: children, ssh or srun), the handshake, hosting, and the
+//!   router that hands each reply to the call waiting for it;
+//! - [`link`] — what the router, proxies, keeper and publisher share: the
+//!   calls waiting for replies, the started processes, the lost ones;
+//! - [`proxies`] — the proxy actors that stand for remote actors behind the
+//!   same messages as local ones;
+//! - [`publisher`] — the weight-sync group's sender, forming the group again
+//!   when its members change;
 //! - [`keeper`] — the processes kept up: a lost rollout or reward process is
 //!   started again, within a restart budget;
 //! - [`chaos`] — `--chaos`: processes of a role killed at random times;
@@ -17,6 +23,9 @@
 pub mod chaos;
 pub mod fleet;
 pub mod keeper;
+pub mod link;
+pub mod proxies;
+pub mod publisher;
 pub mod serve;
 pub mod weights;
 pub mod wire;

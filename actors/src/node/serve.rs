@@ -21,7 +21,7 @@ use super::wire::*;
 use super::weights::{GroupSpec, Pending, WeightGroup};
 use std::net::IpAddr;
 use super::{Outboxes, RefusalMirror};
-use crate::weight_sync::WeightUpdate;
+use crate::weight_sync::image::WeightUpdate;
 use tokio::sync::{mpsc, oneshot};
 use crate::metrics::{serve as serve_metrics, Metrics};
 use crate::learner::actor::{LearnerActor, LearnerArgs, LearnerMsg};

@@ -11,7 +11,7 @@
 //! pipelined in blocks, or one shared-memory segment when every member is on
 //! one host); with GPUs it is meant to be NCCL with rank 0's id sent over the
 //! control plane (not built yet).
-use crate::weight_sync::{Arrived, WeightUpdate};
+use crate::weight_sync::image::{Arrived, WeightUpdate};
 use rlmesh_comm::digest::{BucketDigests, BucketHasher};
 use rlmesh_comm::cpu::RingAbort;
 use rlmesh_comm::{RingComm, RingConfig};

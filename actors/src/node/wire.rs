@@ -12,7 +12,7 @@ use crate::reward::RewardSpec;
 use crate::learner::{CheckpointMeta, LearnerConfig, SftBatch, StepStats, TrainBatch};
 use crate::rollout::RolloutConfig;
 use super::weights::GroupSpec;
-use crate::weight_sync::{WeightAck, WeightUpdate};
+use crate::weight_sync::image::{WeightAck, WeightUpdate};
 use rlmesh_core::tools::ExecLimits;
 use rlmesh_mesh::frame::WireMessage;
 use serde::de::DeserializeOwned;

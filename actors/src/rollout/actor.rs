@@ -2,7 +2,7 @@
 //! generation requests with groups of trajectories and loading new versions.
 use super::{rollout_groups_timed, RolloutConfig};
 use crate::device::DeviceThread;
-use crate::weight_sync::{load, verify, WeightAck, WeightError, WeightUpdate};
+use crate::weight_sync::image::{load, verify, WeightAck, WeightError, WeightUpdate};
 use ractor::{Actor, ActorProcessingErr, ActorRef, RpcReplyPort};
 use rlmesh_core::tools::{ExecLimits, ToolRegistry};
 use rlmesh_core::{Group, Task};

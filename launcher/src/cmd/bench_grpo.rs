@@ -17,7 +17,7 @@
 //! A side's speed is its RL steps after the first over the seconds between the
 //! first and the last step's end: start-up, the warm-up and evaluations are
 //! outside it on both sides.
-use super::bench::{python, repo_root};
+use crate::repo::{python, repo_root};
 use crate::error::{CliError, CliResult, UsageContext};
 use clap::Args;
 use rlmesh_actors::controller::recipe::{EstimatorKind, Recipe, RewardKind};

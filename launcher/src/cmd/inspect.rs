@@ -247,7 +247,7 @@ pub fn render(a: RenderArgs) -> CliResult {
 /// after a user turn as without it: the message would silently disappear.
 fn template_drops(tok: &rlmesh_model::Tokenizer, message: &Value) -> bool {
     let user = json!({"role": "user", "content": "."});
-    match (tok.render(&[user.clone()], None, false), tok.render(&[user, message.clone()], None, false)) {
+    match (tok.render(std::slice::from_ref(&user), None, false), tok.render(&[user, message.clone()], None, false)) {
         (Ok(without), Ok(with)) => without == with,
         _ => false,
     }

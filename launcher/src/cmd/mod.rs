@@ -10,6 +10,7 @@ pub mod plan;
 pub mod report;
 pub mod slurm;
 pub mod status;
+pub mod submit;
 pub mod up;
 
 use crate::error::{CliResult, UsageContext};

@@ -211,7 +211,7 @@ impl Run {
     fn first_last(&self, key: &str) -> Option<String> {
         let mut with = self.metrics.iter().filter_map(|m| m.get(key).filter(|v| v.is_number()));
         let first = with.next()?;
-        Some(match with.last() {
+        Some(match with.next_back() {
             Some(last) => format!("{} → {}", fmt_value(key, first), fmt_value(key, last)),
             None => fmt_value(key, first),
         })

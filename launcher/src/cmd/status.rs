@@ -5,7 +5,7 @@
 //! in range, is still the process that wrote the file (host, boot, start time)
 //! and holds the run directory's lock; its text is printed with control
 //! characters escaped.
-use crate::cmd::slurm;
+use crate::cmd::submit;
 use crate::error::{CliError, CliResult, UsageContext};
 use clap::Args;
 use rlmesh_actors::controller::run_dir::{RunDirLock, LOCK_FILE};
@@ -121,7 +121,7 @@ fn slurm_owner(s: &RunStatus, owner: PidOwner) -> PidOwner {
 /// `launcher status` of a run whose job was submitted but has not written its status yet.
 fn pending_submission(dir: Option<&Path>) -> Option<CliResult> {
     let dir = dir?;
-    let job = slurm::submitted(dir)?;
+    let job = submit::submitted(dir)?;
     let state = rlmesh_mesh::slurm::job_state(&job.job_id).ok().flatten().unwrap_or_else(|| "ended".into());
     println!("run {}: Slurm job {} is {state} (no status.json yet; Slurm's output: {})", clean(&dir.display().to_string()), clean(&job.job_id), job.output.display());
     Some(Ok(()))
@@ -133,14 +133,14 @@ pub fn down(a: RunDirArgs) -> CliResult {
     let Loaded { dir, status: s } = match load(a.run_dir) {
         Ok(l) => l,
         // Submitted, not started yet: the job is all there is to stop.
-        Err(e) => match dir_arg.as_deref().and_then(slurm::submitted) {
-            Some(job) => return slurm::down_job(&job.job_id, &clean(&dir_arg.unwrap_or_default().display().to_string()), DOWN_WAIT),
+        Err(e) => match dir_arg.as_deref().and_then(submit::submitted) {
+            Some(job) => return submit::down_job(&job.job_id, &clean(&dir_arg.unwrap_or_default().display().to_string()), DOWN_WAIT),
             None => return Err(e),
         },
     };
     let shown = clean(&dir.display().to_string());
     if let Some(j) = s.slurm.as_ref().filter(|j| j.submitted) {
-        return slurm::down_job(&j.job_id, &shown, DOWN_WAIT);
+        return submit::down_job(&j.job_id, &shown, DOWN_WAIT);
     }
     let pid = s.pid;
     let refuse = |why: String| Err(CliError::usage(anyhow::anyhow!("run {shown}: not signalling pid {pid}: {why}")));

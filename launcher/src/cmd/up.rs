@@ -4,7 +4,7 @@
 //! checks: the topology is one this build can start, the recipe's model exists,
 //! no live run owns the run directory, a resume has something to resume, and the
 //! metrics address is free. A refusal exits 2 and leaves every file as it was.
-use crate::cmd::bench::models_dir;
+use crate::repo::models_dir;
 use crate::cmd::slurm;
 use crate::error::{CliError, CliResult, UsageContext};
 use clap::Args;
