@@ -107,7 +107,7 @@ impl Driver {
     }
 
     pub(super) async fn snapshot(&mut self, version: u64) -> Result<(), RunError> {
-        let update = ractor::call!(self.learner, LearnerMsg::Snapshot, version).map_err(|e| RunError::Actor { actor: "learner", message: e.to_string() })?;
+        let update = ractor::call!(self.learner, LearnerMsg::Snapshot, version).map_err(actor_err("learner"))?;
         self.latest = Some(update);
         Ok(())
     }
@@ -168,7 +168,7 @@ impl Driver {
             let update = self.latest.clone().expect("snapshot taken");
             let (done_tx, done_rx) = ractor::concurrency::oneshot();
             ractor::call!(self.weight_sync, |queued| WeightSyncMsg::Publish(update, via_actor.clone(), queued, done_tx.into()))
-                .map_err(|e| RunError::Actor { actor: "weight_sync", message: e.to_string() })?;
+                .map_err(actor_err("weight_sync"))?;
             for t in &via_actor {
                 self.versions.insert(t.get_id(), version);
             }
@@ -244,7 +244,7 @@ impl Driver {
         if let Some(scored) = res.scored {
             return Ok(scored);
         }
-        ractor::call!(self.reward, RewardMsg::Score, res.groups).map_err(|e| RunError::Actor { actor: "reward", message: e.to_string() })
+        ractor::call!(self.reward, RewardMsg::Score, res.groups).map_err(actor_err("reward"))
     }
 
     /// One rollout per task (greedy, or sampled as in training), spread over
@@ -272,7 +272,7 @@ impl Driver {
                 });
             }
             let Some(done) = pending.join_next().await else { break };
-            let (req, tries, r) = done.map_err(|e| RunError::Actor { actor: "rollout", message: e.to_string() })?;
+            let (req, tries, r) = done.map_err(actor_err("rollout"))?;
             match r {
                 Ok(r) => out.extend(self.score(r).await?),
                 Err(e) if tries < Self::EVAL_TRIES => {

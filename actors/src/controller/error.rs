@@ -53,7 +53,13 @@ pub(super) fn io(path: &Path) -> impl FnOnce(std::io::Error) -> RunError + '_ {
     move |source| RunError::Io { path: path.to_path_buf(), source }
 }
 
-pub(super) fn actor_err(actor: &'static str) -> impl Fn(String) -> RunError {
-    move |message| RunError::Actor { actor, message }
+pub(super) fn actor_err<E: std::fmt::Display>(actor: &'static str) -> impl Fn(E) -> RunError {
+    move |e| RunError::Actor { actor, message: e.to_string() }
+}
+
+/// The answer to a call on `actor`: the call's failure (the actor is gone) or
+/// the actor's own, as the run's error.
+pub(super) fn answered<T, M>(actor: &'static str, r: Result<Result<T, String>, ractor::RactorErr<M>>) -> Result<T, RunError> {
+    r.map_err(actor_err(actor))?.map_err(actor_err(actor))
 }
 

@@ -1,7 +1,7 @@
 //! What a run keeps on disk as it goes, so that it can be watched and resumed:
 //! `status.json`, the JSONL logs (cut back to a checkpoint's rows on a resume),
 //! and checkpoints with the pipeline's cursor.
-use super::error::{actor_err, io, RunError};
+use super::error::{answered, io, RunError};
 use super::ledger::Ledger;
 use super::status::RunStatus;
 use crate::learner::actor::LearnerMsg;
@@ -90,8 +90,6 @@ impl Cursor {
 
 pub(super) async fn checkpoint(learner: &ActorRef<LearnerMsg>, dir: &Path, version: u64, cursor: &Cursor) -> Result<PathBuf, RunError> {
     let meta = CheckpointMeta { policy_version: version, data_cursor: serde_json::to_value(cursor).expect("json") };
-    ractor::call!(learner, LearnerMsg::Checkpoint, dir.join("checkpoints"), meta)
-        .map_err(|e| RunError::Actor { actor: "learner", message: e.to_string() })?
-        .map_err(actor_err("learner"))
+    answered("learner", ractor::call!(learner, LearnerMsg::Checkpoint, dir.join("checkpoints"), meta))
 }
 

@@ -9,7 +9,7 @@ use super::ledger::Ledger;
 use super::progress::{eta, Progress};
 use super::recipe::Recipe;
 use super::record::{batch_record, step_record, StepFacts, StepPhases};
-use super::error::{actor_err, RunError};
+use super::error::{actor_err, answered, RunError};
 use super::journal::{checkpoint, write_status, Cursor, Jsonl};
 use super::staleness::{Admission, Gate, Mode};
 use super::status::RunStatus;
@@ -148,7 +148,7 @@ impl<'a> RlLoop<'a> {
             }
             self.fill(driver).await?;
             let Some(joined) = self.inflight.join_next().await else { break };
-            let (groups, result) = joined.map_err(|e| RunError::Actor { actor: "controller", message: e.to_string() })?;
+            let (groups, result) = joined.map_err(actor_err("controller"))?;
             self.inflight_groups -= groups.len();
             match result {
                 Ok(res) => self.receive(driver, res).await?,
@@ -255,9 +255,7 @@ impl<'a> RlLoop<'a> {
         if let Some(log) = self.batches_log.as_mut() {
             log.write(&batch_record(self.step + 1, &admitted, &tb))?;
         }
-        let stats: StepStats = ractor::call!(driver.learner, LearnerMsg::Train, tb)
-            .map_err(|e| RunError::Actor { actor: "learner", message: e.to_string() })?
-            .map_err(actor_err("learner"))?;
+        let stats: StepStats = answered("learner", ractor::call!(driver.learner, LearnerMsg::Train, tb))?;
         self.phases.train += training.elapsed().as_secs_f64();
         self.phases.all_reduce += stats.allreduce_seconds;
         self.step += 1;
@@ -391,7 +389,7 @@ fn admit(batch: Vec<ScoredGroup>, gate: &mut Gate, ledger: &mut Ledger, version:
     let mut max_stale = 0u64;
     for g in batch {
         let v = g.group.trajectories.iter().filter_map(|t| t.min_version()).min().unwrap_or(version);
-        match gate.admit(v, version).map_err(|e| RunError::Actor { actor: "controller", message: e.to_string() })? {
+        match gate.admit(v, version).map_err(actor_err("controller"))? {
             Admission::Train { staleness } => {
                 max_stale = max_stale.max(staleness);
                 metrics.staleness.observe(staleness as f64);

@@ -9,6 +9,7 @@
 //! `summary.json` (`finish`). The phases live in their own files; this one
 //! only sequences them.
 use super::driver::Driver;
+use super::error::answered;
 use super::finish::finish;
 use super::journal::{checkpoint, Cursor};
 use super::progress::{stop_on_sigterm, Progress};
@@ -150,14 +151,11 @@ async fn run_processes(opts: RunOptions, learner_loss: LearnerLoss) -> Result<Su
 /// On a resume, the learner's state from the newest checkpoint: (policy
 /// version, the pipeline's cursor); else the learner is switched to its RL settings.
 async fn resume_or_configure(learner: &ActorRef<LearnerMsg>, opts: &RunOptions, metrics: &Metrics, progress: &Progress) -> Result<Option<(u64, Cursor)>, RunError> {
-    let to_run_error = |e: ractor::RactorErr<LearnerMsg>| RunError::Actor { actor: "learner", message: e.to_string() };
     if !opts.resume {
-        ractor::call!(learner, LearnerMsg::Configure, rl_learner_config(&opts.recipe)).map_err(to_run_error)?.map_err(super::error::actor_err("learner"))?;
+        answered("learner", ractor::call!(learner, LearnerMsg::Configure, rl_learner_config(&opts.recipe)))?;
         return Ok(None);
     }
-    let meta = ractor::call!(learner, LearnerMsg::Resume, opts.run_dir.join("checkpoints"), rl_learner_config(&opts.recipe))
-        .map_err(to_run_error)?
-        .map_err(super::error::actor_err("learner"))?;
+    let meta = answered("learner", ractor::call!(learner, LearnerMsg::Resume, opts.run_dir.join("checkpoints"), rl_learner_config(&opts.recipe)))?;
     let cursor: Cursor = serde_json::from_value(meta.data_cursor)
         .map_err(|e| RunError::Setup(format!("--resume: the checkpoint's data cursor is not this pipeline's ({e})")))?;
     progress.line(format!("resuming at RL step {} (policy v{})", cursor.step, meta.policy_version));

@@ -1,4 +1,4 @@
-//! The SFT warm-up ([`WarmUp`]), and a warm-up shared between runs (`[sft]
+//! The SFT warm-up (`WarmUp`), and a warm-up shared between runs (`[sft]
 //! share = true`): recipes that differ only after the warm-up (the estimator
 //! comparison) run it once.
 //!
@@ -9,19 +9,19 @@
 //! `<parent of RUN_DIR>/.warmups/<key>/`; later runs copy it into their own
 //! `RUN_DIR/initial-model` and skip the warm-up. A store is written to a
 //! temporary directory and renamed, so a reader never sees half of one.
-use super::error::{actor_err, RunError};
+use super::error::{answered, RunError};
 use super::progress::{eta, Progress};
 use super::recipe::Recipe;
 use crate::learner::actor::LearnerMsg;
 use crate::learner::{SftBatch, SftSequence, StepStats};
 use crate::metrics::Metrics;
-use crate::warmup::{expert_example, pick_strategy};
+use crate::warmup::{expert_example, pick_strategy, Strategy};
 use ractor::ActorRef;
 use rlmesh_core::tools::ToolRegistry;
 use rlmesh_core::Task;
 use rlmesh_model::Tokenizer;
 use serde_json::json;
-use std::collections::HashMap;
+use std::collections::hash_map::{Entry, HashMap};
 use std::path::{Path, PathBuf};
 use std::time::Instant;
 
@@ -117,7 +117,7 @@ impl WarmUp<'_> {
         let mut rng = recipe.seed ^ 0x5f7;
         let mut sft_cursor = 0usize;
         // Expert conversations are rendered once per (task, strategy) and reused.
-        let mut experts: HashMap<(usize, crate::warmup::Strategy), SftSequence> = HashMap::new();
+        let mut experts: HashMap<(usize, Strategy), SftSequence> = HashMap::new();
         // Batches are drawn in task order with a random strategy each (no length
         // bucketing: batches of one length are of one task kind, and the warm-up
         // then swings between calling and not calling — measured: 49.5% held-out
@@ -138,15 +138,16 @@ impl WarmUp<'_> {
                 let task = &self.tasks[index];
                 let u = (mix(&mut rng) >> 11) as f64 / (1u64 << 53) as f64;
                 let strategy = pick_strategy(&recipe.sft.mix, task, u);
-                if !experts.contains_key(&(index, strategy)) {
-                    let ex = expert_example(self.tokenizer, self.registry, task, strategy, None).map_err(|e| RunError::Setup(e.to_string()))?;
-                    experts.insert((index, strategy), SftSequence { token_ids: ex.token_ids, loss_mask: ex.loss_mask });
-                }
-                seqs.push(experts[&(index, strategy)].clone());
+                let expert = match experts.entry((index, strategy)) {
+                    Entry::Occupied(e) => e.into_mut(),
+                    Entry::Vacant(v) => {
+                        let ex = expert_example(self.tokenizer, self.registry, task, strategy, None).map_err(|e| RunError::Setup(e.to_string()))?;
+                        v.insert(SftSequence { token_ids: ex.token_ids, loss_mask: ex.loss_mask })
+                    }
+                };
+                seqs.push(expert.clone());
             }
-            let stats: StepStats = ractor::call!(self.learner, LearnerMsg::Sft, SftBatch { sequences: seqs })
-                .map_err(|e| RunError::Actor { actor: "learner", message: e.to_string() })?
-                .map_err(actor_err("learner"))?;
+            let stats: StepStats = answered("learner", ractor::call!(self.learner, LearnerMsg::Sft, SftBatch { sequences: seqs }))?;
             metrics.warmup_step.set((step + 1) as f64);
             metrics.warmup_loss.set(stats.loss);
             let eta = eta(warmup_start.elapsed(), step + 1, sft_steps);
