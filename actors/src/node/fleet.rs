@@ -28,7 +28,7 @@ use super::weights::{GroupSpec, WeightGroup};
 use super::keeper::{KeepPolicy, Keeper};
 use super::link::{has, ready, tail, Core, LearnerLoss, Member, Reply, Route, Say, HELLO_ID, SETUP_ID};
 use super::proxies::{proxy, RemoteLearner, RemoteLearnerArgs};
-use super::publisher::{GroupState, Publisher, Root};
+use super::publisher::{Publisher, Root};
 use super::{Outboxes, RefusalMirror};
 use crate::controller::supervisor::RolloutSlots;
 use crate::metrics::Metrics;
@@ -399,16 +399,13 @@ impl Fleet {
         } else {
             None
         };
-        let publisher = (!rollout_members.is_empty()).then(|| Publisher {
-            core: core.clone(),
-            root: Arc::new(match (own, root_data) {
+        let publisher = (!rollout_members.is_empty()).then(|| {
+            let root = match (own, root_data) {
                 (Some(g), _) => Root::Controller(Mutex::new(Arc::new(g))),
                 (None, Some((process, data))) => Root::Learner { process, data },
                 (None, None) => unreachable!("a group has a root"),
-            }),
-            addr: group_addr,
-            state: Arc::new(Mutex::new(GroupState { epoch: 0, members: (0..rollout_members.len()).collect(), broken: false })),
-            forming: Arc::default(),
+            };
+            Publisher::new(core.clone(), root, group_addr, rollout_members.len())
         });
         let launchers: HashMap<String, Launcher> = if self.spec.external {
             HashMap::new()

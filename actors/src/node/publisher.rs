@@ -19,12 +19,12 @@ pub(super) enum Root {
 }
 
 /// The weight-sync group as last formed.
-pub(super) struct GroupState {
-    pub(super) epoch: u32,
+struct GroupState {
+    epoch: u32,
     /// Its rollout processes, by slot, in rank order (rank k + 1).
-    pub(super) members: Vec<usize>,
+    members: Vec<usize>,
     /// A broadcast failed: form it again before the next.
-    pub(super) broken: bool,
+    broken: bool,
 }
 
 /// Sends each version to every rollout process through the weight-sync group,
@@ -33,16 +33,23 @@ pub(super) struct GroupState {
 /// loads the current version into it before its next request.
 #[derive(Clone)]
 pub struct Publisher {
-    pub(super) core: Arc<Core>,
-    pub(super) root: Arc<Root>,
+    core: Arc<Core>,
+    root: Arc<Root>,
     /// Rank 0's rendezvous.
-    pub(super) addr: String,
-    pub(super) state: Arc<Mutex<GroupState>>,
+    addr: String,
+    state: Arc<Mutex<GroupState>>,
     /// One forming at a time (the keeper forms it when a member is lost, the driver before a version).
-    pub(super) forming: Arc<tokio::sync::Mutex<()>>,
+    forming: Arc<tokio::sync::Mutex<()>>,
 }
 
 impl Publisher {
+    /// The sender for a group rooted at `root` (rendezvous `addr`) over the
+    /// `members` rollout processes, as first formed (epoch 0, every slot).
+    pub(super) fn new(core: Arc<Core>, root: Root, addr: String, members: usize) -> Publisher {
+        let state = GroupState { epoch: 0, members: (0..members).collect(), broken: false };
+        Publisher { core, root: Arc::new(root), addr, state: Arc::new(Mutex::new(state)), forming: Arc::default() }
+    }
+
     /// Does the controller hold the weights it sends (the learner is in its process)?
     pub fn needs_image(&self) -> bool {
         matches!(*self.root, Root::Controller(_))
