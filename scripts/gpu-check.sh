@@ -44,6 +44,8 @@ for l in sys.stdin:
   mkdir -p "$BIN"
   strip -o "$BIN/gpu_check" "$TD/release/examples/gpu_check"
   strip -o "$BIN/nccl_gpu" "$exe"
+  cargo build --release -p launcher
+  strip -o "$BIN/launcher" "$TD/release/launcher"
   ls -la "$BIN"
   exit 0
 fi
@@ -66,6 +68,10 @@ say() { echo "$@" | tee -a "$LOG"; }
 section() {
   local name=$1 want=$2
   shift 2
+  # GPU_CHECK_ONLY="a b": run only the sections named (a rerun of what failed).
+  if [ -n "${GPU_CHECK_ONLY:-}" ] && [[ " $GPU_CHECK_ONLY " != *" $name "* ]]; then
+    return
+  fi
   local left=$((DEADLINE - $(date +%s) - 3))
   local t=$((want < left ? want : left))
   say ""
@@ -121,6 +127,14 @@ section nccl_gpu 90 "$BIN/nccl_gpu" --ignored --nocapture --test-threads=1
 section make-models 120 "$BIN/gpu_check" make-models "$MODELS"
 TINY=$MODELS/tiny
 SMOL=$MODELS/smollm2-shape
+
+# --- 3b. two NCCL ranks on this one GPU (a host id each): results, bandwidth against a device copy,
+#         a stalled peer's timeout and abort, the group rebuilt (epoch 2), a learner step on it
+section nccl-pair 90 "$BIN/gpu_check" nccl-pair --model "$TINY" --mib 1,16,256 --iters 5 --timeout-ms 3000
+
+# --- 3c. the pipeline on the GPU: deploy/dev-1gpu.toml (rollout and learner processes both on GPU 0),
+#         a short sync recipe from the tiny model; the run directory is checked afterwards
+section dev-1gpu 150 scripts/gpu-pipeline-check.sh "$BIN/launcher" "$PY"
 
 # --- 4. NCCL on libtorch tensors + learner step with the NCCL all-reduce
 section nccl-learner 90 "$BIN/gpu_check" nccl-learner "$TINY" --dtype f32

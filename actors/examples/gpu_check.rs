@@ -9,6 +9,9 @@
 //!                    [--new-tokens 128] [--prompt-len 32] [--repeats 3]
 //! gpu_check nccl-learner MODEL [--dtype f32]  # tch tensors through NcclComm (world 1) + a CUDA learner step
 //!                                       # with the NCCL gradient all-reduce, gradients compared with steps without
+//! gpu_check nccl-pair [--model DIR] [--mib 1,16,256] [--iters 5] [--timeout-ms 3000] [--deadline-s 75]
+//!                                       # two NCCL ranks on one GPU (a host id each): results, bandwidth,
+//!                                       # a stalled peer's timeout, the group rebuilt, a learner step on it
 //! gpu_check learner --model DIR [--batch 8] [--seq 512] [--iters 10] [--warmup 2] [--dtype bf16]
 //!                   [--device cuda] [--python python3] [--script tests/oracle/loss_oracle.py]
 //! ```
@@ -17,7 +20,8 @@
 //! `greedy-match` need a GPU), which is how it is tried before a device run.
 use rlmesh_actors::learner::bench::{bench_config, peer_config, run_peer, synthetic_batch};
 use rlmesh_actors::learner::Learner;
-use rlmesh_comm::{nccl, Buf, Collective, DType, NcclComm, NcclId, ReduceOp};
+use rlmesh_actors::learner::actor::nccl_group;
+use rlmesh_comm::{nccl, Buf, Collective, DType, NcclComm, NcclId, ReduceOp, RingComm, RingConfig};
 use rlmesh_model::transformer::{causal_mask, positions_from_valid, Batch};
 use rlmesh_model::{ModelConfig, SamplingParams, Transformer};
 use serde_json::{json, Value};
@@ -31,7 +35,7 @@ type Res<T> = Result<T, Box<dyn std::error::Error>>;
 fn main() {
     let args: Vec<String> = std::env::args().skip(1).collect();
     let Some(cmd) = args.first().cloned() else {
-        eprintln!("usage: gpu_check make-models|greedy-match|generate|nccl-learner|learner ...");
+        eprintln!("usage: gpu_check make-models|greedy-match|generate|nccl-learner|nccl-pair|learner ...");
         std::process::exit(2);
     };
     let rest = &args[1..];
@@ -40,6 +44,7 @@ fn main() {
         "greedy-match" => greedy_match(rest),
         "generate" => generate(rest),
         "nccl-learner" => nccl_learner(rest),
+        "nccl-pair" => nccl_pair(rest),
         "learner" => learner(rest),
         other => Err(format!("unknown subcommand {other:?}").into()),
     };
@@ -363,6 +368,205 @@ fn nccl_learner(args: &[String]) -> Res<()> {
     );
     if !ok {
         return Err("an NCCL check failed".into());
+    }
+    Ok(())
+}
+
+/// Two NCCL ranks on this one GPU, each in its own process (`NCCL_HOSTID` differs per
+/// process, so NCCL takes them for two hosts and joins them over its socket transport on
+/// loopback; with one host id it refuses two ranks on one device). Checks all-reduce and
+/// broadcast results, times them against a device-local copy of the same bytes, then
+/// stalls rank 1 so that rank 0's collective times out: rank 0 must return an error
+/// within the deadline (its communicator aborted, its drop quiet), and both ranks must
+/// rebuild a working communicator from a second unique id (epoch 2).
+fn nccl_pair(args: &[String]) -> Res<()> {
+    let o = Opts::parse(args)?;
+    if let Ok(rank) = std::env::var("RLMESH_PAIR_RANK") {
+        return nccl_pair_rank(&o, rank.parse()?);
+    }
+    nccl::nccl_available()?;
+    // One ring rendezvous per epoch (the learners' path: rank 0's NCCL id travels over the ring).
+    let ports: Vec<String> = (0..2).map(|_| Ok(std::net::TcpListener::bind("127.0.0.1:0")?.local_addr()?.to_string())).collect::<Res<_>>()?;
+    let exe = std::env::current_exe()?;
+    let t0 = Instant::now();
+    // Each rank reports into a file; a rank still running at the deadline is killed, so a hung
+    // collective costs this check its deadline, never an orphan holding the GPU.
+    let deadline = std::time::Duration::from_secs(o.num("deadline-s", 75)? as u64);
+    let logs = tempfile::tempdir()?;
+    let mut children = (0..2)
+        .map(|r| -> Res<_> {
+            let log = logs.path().join(format!("rank{r}.out"));
+            let child = std::process::Command::new(&exe)
+                .arg("nccl-pair")
+                .args(args)
+                .env("RLMESH_PAIR_RANK", r.to_string())
+                .env("RLMESH_PAIR_RINGS", ports.join(","))
+                .env("NCCL_HOSTID", format!("rlmesh-pair-{r}"))
+                .env("NCCL_SOCKET_IFNAME", std::env::var("NCCL_SOCKET_IFNAME").unwrap_or_else(|_| "lo".into()))
+                .env("NCCL_IB_DISABLE", "1")
+                .stdout(std::fs::File::create(&log)?)
+                .spawn()?;
+            Ok((child, log))
+        })
+        .collect::<Res<Vec<_>>>()?;
+    let mut status = [None, None];
+    while status.iter().any(Option::is_none) && t0.elapsed() < deadline {
+        for (r, (c, _)) in children.iter_mut().enumerate() {
+            if status[r].is_none() {
+                status[r] = c.try_wait()?;
+            }
+        }
+        std::thread::sleep(std::time::Duration::from_millis(50));
+    }
+    let mut reports = vec![];
+    let mut ok = true;
+    for (r, (c, log)) in children.iter_mut().enumerate() {
+        if status[r].is_none() {
+            let _ = c.kill();
+            let _ = c.wait();
+            println!("[rank {r}] still running after {deadline:?}: killed");
+        }
+        let text = std::fs::read_to_string(log).unwrap_or_default();
+        print!("{}", text.lines().filter(|l| !l.starts_with("{\"rank\"")).map(|l| format!("[rank {r}] {l}\n")).collect::<String>());
+        let line = text.lines().find(|l| l.starts_with("{\"rank\""));
+        let why = status[r].map_or("killed at the deadline".to_string(), |s| s.to_string());
+        let v: Value = line.map(serde_json::from_str).transpose()?.unwrap_or(json!({"rank": r, "ok": false, "error": format!("no report ({why})")}));
+        ok &= status[r].is_some_and(|s| s.success()) && v["ok"].as_bool() == Some(true);
+        reports.push(v);
+    }
+    let digests: Vec<&str> = reports.iter().filter_map(|r| r["learner_digest"].as_str()).collect();
+    let same = digests.len() == 2 && digests[0] == digests[1] && !digests[0].is_empty();
+    println!("learner parameters after one NCCL step: {}", if same { "identical on both ranks" } else { "DIFFER (or missing)" });
+    ok &= same || !o.named.contains_key("model");
+    println!("{}", json!({"check": "nccl-pair", "ok": ok, "seconds": t0.elapsed().as_secs_f64(), "learner_digests_equal": same, "ranks": reports}));
+    if !ok {
+        return Err("a rank failed".into());
+    }
+    Ok(())
+}
+
+fn nccl_pair_rank(o: &Opts, rank: usize) -> Res<()> {
+    let rings: Vec<String> = std::env::var("RLMESH_PAIR_RINGS")?.split(',').map(String::from).collect();
+    let join = |addr: &str| -> Res<NcclComm> {
+        let ring = RingComm::connect(RingConfig::new(rank, 2, addr.to_string()).cookie("nccl-pair"))?;
+        Ok(nccl_group(ring, 0)?)
+    };
+    let timeout = std::time::Duration::from_millis(o.num("timeout-ms", 3000)? as u64);
+    let mibs: Vec<usize> = o.list("mib", "1,16,256").iter().map(|m| m.parse()).collect::<Result<_, _>>()?;
+    let iters = o.num("iters", 5)?.max(1);
+    let dev = Device::Cuda(0);
+    let _ = Tensor::zeros([1], (Kind::Float, dev));
+    let t = Instant::now();
+    let mut comm = join(&rings[0])?.with_timeout(timeout);
+    let init_s = t.elapsed().as_secs_f64();
+    let done = |c: &mut NcclComm| c.synchronize(std::ptr::null_mut());
+
+    // Results: sum and mean of (rank+1)·x, broadcast from rank 1, bf16 sum.
+    let n = 1 << 20;
+    let x = Tensor::arange(n, (Kind::Float, dev)).remainder(97.0);
+    let a = &x * (rank as f64 + 1.0);
+    comm.all_reduce(cuda_buf(&a, DType::F32), ReduceOp::Sum)?;
+    done(&mut comm)?;
+    let sum_ok = a.equal(&(&x * 3.0));
+    let m = &x * (rank as f64 + 1.0);
+    comm.all_reduce(cuda_buf(&m, DType::F32), ReduceOp::Mean)?;
+    done(&mut comm)?;
+    let mean_ok = m.equal(&(&x * 1.5));
+    let b = if rank == 1 { x.copy() } else { Tensor::zeros([n], (Kind::Float, dev)) };
+    comm.broadcast(cuda_buf(&b, DType::F32), 1)?;
+    done(&mut comm)?;
+    let bcast_ok = b.equal(&x);
+    let h = (&x * (rank as f64 + 1.0)).to_kind(Kind::BFloat16);
+    comm.all_reduce(cuda_buf(&h, DType::Bf16), ReduceOp::Sum)?;
+    done(&mut comm)?;
+    let bf16_ok = h.equal(&(&x * 3.0).to_kind(Kind::BFloat16));
+    println!("results: f32 sum {sum_ok}, mean {mean_ok}, broadcast {bcast_ok}, bf16 sum {bf16_ok} (init {init_s:.2}s)");
+
+    // Bandwidth (algorithm bandwidth = bytes / time; for two ranks NCCL's bus bandwidth is the same).
+    let mut rows = vec![];
+    for &mib in &mibs {
+        let bytes = mib << 20;
+        let buf = Tensor::ones([(bytes / 4) as i64], (Kind::Float, dev));
+        let dst = Tensor::empty([(bytes / 4) as i64], (Kind::Float, dev));
+        let mut time = |f: &mut dyn FnMut(&mut NcclComm) -> Res<()>| -> Res<f64> {
+            f(&mut comm)?;
+            done(&mut comm)?;
+            let mut ts = vec![];
+            for _ in 0..iters {
+                let t = Instant::now();
+                f(&mut comm)?;
+                done(&mut comm)?;
+                ts.push(t.elapsed().as_secs_f64());
+            }
+            Ok(rlmesh_comm::bench::median(&ts))
+        };
+        let ar = time(&mut |c| Ok(c.all_reduce(cuda_buf(&buf, DType::F32), ReduceOp::Mean)?))?;
+        let bc = time(&mut |c| Ok(c.broadcast(cuda_buf(&buf, DType::F32), 0)?))?;
+        let mut cp = vec![];
+        for _ in 0..iters + 1 {
+            sync(dev);
+            let t = Instant::now();
+            dst.shallow_clone().copy_(&buf);
+            sync(dev);
+            cp.push(t.elapsed().as_secs_f64());
+        }
+        let cp = rlmesh_comm::bench::median(&cp[1..]);
+        let gbs = |s: f64| bytes as f64 / s / 1e9;
+        println!("{mib:>5} MiB: all-reduce {:.2} GB/s, broadcast {:.2} GB/s, device copy {:.1} GB/s", gbs(ar), gbs(bc), gbs(cp));
+        rows.push(json!({"mib": mib, "all_reduce_s": ar, "broadcast_s": bc, "copy_s": cp, "all_reduce_gb_s": gbs(ar), "broadcast_gb_s": gbs(bc), "copy_gb_s": gbs(cp)}));
+    }
+
+    // Rank 1 stalls: it skips one all-reduce. Rank 0's must time out and abort, not hang.
+    comm.barrier()?;
+    let stall = Tensor::ones([1 << 16], (Kind::Float, dev));
+    let (timed_out, waited) = if rank == 0 {
+        let t = Instant::now();
+        let r = comm.all_reduce(cuda_buf(&stall, DType::F32), ReduceOp::Sum).map_err(|e| e.to_string()).and_then(|_| done(&mut comm).map_err(|e| e.to_string()));
+        let waited = t.elapsed().as_secs_f64();
+        println!("stalled peer: {} after {waited:.2}s", r.as_ref().err().map_or("no error (WRONG)".to_string(), |e| e.clone()));
+        let again = comm.all_reduce(cuda_buf(&stall, DType::F32), ReduceOp::Sum);
+        println!("the next collective on the aborted communicator: {}", again.as_ref().err().map_or("accepted (WRONG)".into(), |e| e.to_string()));
+        (r.is_err() && again.is_err(), waited)
+    } else {
+        std::thread::sleep(timeout + std::time::Duration::from_millis(500));
+        (true, 0.0)
+    };
+    let t = Instant::now();
+    drop(comm);
+    let drop_s = t.elapsed().as_secs_f64();
+    let bound_ok = rank != 0 || waited < timeout.as_secs_f64() + 2.0;
+
+    // Epoch 2: a fresh communicator from the second id; the same sum must come out.
+    let t = Instant::now();
+    let mut comm = join(&rings[1])?.with_timeout(timeout);
+    let a = &x * (rank as f64 + 1.0);
+    comm.all_reduce(cuda_buf(&a, DType::F32), ReduceOp::Sum)?;
+    done(&mut comm)?;
+    let epoch2_ok = a.equal(&(&x * 3.0));
+    let rebuild_s = t.elapsed().as_secs_f64();
+    println!("timeout: aborted {timed_out} within bound {bound_ok}; drop {drop_s:.3}s; epoch 2 rebuilt in {rebuild_s:.2}s, sum {epoch2_ok}");
+    // A learner step on the epoch-2 group: both ranks all-reduce the same gradients, so their parameters must agree bit for bit.
+    let (mut loss, mut digest) = (f64::NAN, String::new());
+    if let Some(dir) = o.named.get("model") {
+        let model = Transformer::load(Path::new(dir), dev, Some(Kind::Float))?;
+        let batch = synthetic_batch(model.config.vocab_size, 8, 64, 16, 1);
+        let mut l = Learner::new(model, bench_config(8), Some(Box::new(comm) as Box<dyn Collective>))?;
+        loss = l.train_step(&batch)?.loss;
+        digest = format!("{:016x}", l.parameter_digest()?);
+        println!("learner step, world 2 on one GPU: loss {loss:.6}, parameter digest {digest}");
+    } else {
+        drop(comm);
+    }
+    let learner_ok = !o.named.contains_key("model") || (loss.is_finite() && !digest.is_empty());
+    let ok = sum_ok && mean_ok && bcast_ok && bf16_ok && timed_out && bound_ok && epoch2_ok && learner_ok;
+    println!(
+        "{}",
+        json!({"rank": rank, "ok": ok, "init_s": init_s, "sum": sum_ok, "mean": mean_ok, "broadcast": bcast_ok, "bf16": bf16_ok,
+               "timeout_s": timeout.as_secs_f64(), "timed_out": timed_out, "waited_s": waited, "drop_s": drop_s,
+               "epoch2": epoch2_ok, "rebuild_s": rebuild_s, "bandwidth": rows, "learner_loss": loss, "learner_digest": digest})
+    );
+    if !ok {
+        return Err("a check failed".into());
     }
     Ok(())
 }

@@ -8,6 +8,20 @@ use std::sync::mpsc;
 use std::thread::JoinHandle;
 use tokio::sync::oneshot;
 
+/// The libtorch device for a CUDA ordinal inside this process (`None`: the
+/// CPU). A GPU this process cannot see is an error that says what it sees.
+pub fn torch_device(cuda: Option<usize>) -> Result<tch::Device, String> {
+    let Some(i) = cuda else { return Ok(tch::Device::Cpu) };
+    let seen = tch::Cuda::device_count().max(0) as usize;
+    if i >= seen {
+        return Err(format!(
+            "CUDA device {i} is wanted, but libtorch sees {seen} (CUDA_VISIBLE_DEVICES={:?}); `launcher up --device cpu` runs the topology on the CPU",
+            std::env::var("CUDA_VISIBLE_DEVICES").unwrap_or_default()
+        ));
+    }
+    Ok(tch::Device::Cuda(i))
+}
+
 type Job<S> = Box<dyn FnOnce(&mut S) + Send>;
 
 /// A thread that owns a state `S` (tensors) and runs jobs on it.
@@ -72,5 +86,22 @@ impl<S> Drop for DeviceThread<S> {
                 let _ = t.join();
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::torch_device;
+
+    #[test]
+    fn a_cuda_ordinal_this_process_cannot_see_is_an_error_that_says_what_it_sees() {
+        assert_eq!(torch_device(None), Ok(tch::Device::Cpu));
+        let seen = tch::Cuda::device_count().max(0) as usize;
+        if seen > 0 {
+            assert_eq!(torch_device(Some(0)), Ok(tch::Device::Cuda(0)));
+        }
+        let e = torch_device(Some(seen)).unwrap_err();
+        assert!(e.starts_with(&format!("CUDA device {seen} is wanted, but libtorch sees {seen} (CUDA_VISIBLE_DEVICES=")), "{e}");
+        assert!(e.ends_with("`launcher up --device cpu` runs the topology on the CPU"), "{e}");
     }
 }

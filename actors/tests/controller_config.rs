@@ -78,7 +78,7 @@ fn dev_2gpu_topology_generates_on_gpu0_and_trains_on_gpu1() {
     assert_eq!(p.processes[0].actors.iter().filter(|a| a.role == Role::Reward && a.device == Device::Cpu).count(), 2);
     let controls: Vec<u16> = p.processes.iter().map(|p| p.ports.control).collect();
     assert_eq!(controls, [29500, 29501, 29502]);
-    assert_eq!((p.learner_backend, p.weight_transport), (Backend::Nccl, WeightTransport::Nccl));
+    assert_eq!((p.learner_backend, p.weight_transport), (Backend::Nccl, WeightTransport::DataPlane));
 }
 
 #[test]
@@ -169,10 +169,45 @@ fn topology_gpu_used_by_two_actors_is_refused() {
     assert_eq!(
         topology_error(&text),
         format!(
-            "deploy/bad.toml:{}: field \"learner.placement[0].gpus\": GPU 0 of node \"dev\" is already used by rollout.placement[0]",
+            "deploy/bad.toml:{}: field \"learner.placement[0].gpus\": GPU 0 of node \"dev\" is already used by rollout.placement[0] \
+             (set share_gpus = true on the node to let a rollout and a learner share it)",
             line(&text, "ranks = 1") + 1
         )
     );
+}
+
+#[test]
+fn share_gpus_lets_roles_share_a_gpu_but_not_two_learner_ranks() {
+    // deploy/dev-1gpu.toml: the rollout process and the learner on GPU 0, each in its own process.
+    let t = Topology::load(&repo("deploy/dev-1gpu.toml")).unwrap();
+    let p = plan(&t);
+    let (rollout, learner) = (p.processes_with(Role::Rollout).next().unwrap(), p.processes_with(Role::Learner).next().unwrap());
+    assert_ne!(rollout.name, learner.name);
+    for (pr, role) in [(rollout, Role::Rollout), (learner, Role::Learner)] {
+        assert_eq!(pr.env["CUDA_VISIBLE_DEVICES"], "0");
+        assert_eq!(pr.cuda_ordinal(role), Some(0));
+    }
+    let main = p.processes.iter().find(|pr| pr.name == "dev/main").unwrap();
+    assert_eq!((main.cuda_ordinal(Role::Reward), main.env["CUDA_VISIBLE_DEVICES"].as_str()), (None, ""));
+    // Two learner ranks may not share a GPU, even with share_gpus: NCCL refuses two ranks on one device.
+    let text = edit(&read("deploy/dev-1gpu.toml"), "ranks = 1\nplacement = [{ node = \"dev\", gpus = [0] }]", "ranks = 2\nplacement = [{ node = \"dev\", gpus = [0] }, { node = \"dev\", gpus = [0] }]");
+    assert!(
+        topology_error(&text).ends_with("field \"learner.placement[1].gpus\": GPU 0 of node \"dev\" is already used by learner.placement[0] (share_gpus lets different roles share a GPU, not two actors of one role)"),
+        "{}",
+        topology_error(&text)
+    );
+}
+
+#[test]
+fn a_gpu_actor_s_cuda_ordinal_is_its_place_in_the_process_s_visible_devices() {
+    // h100x32: every GPU process sees its own GPU as device 0.
+    let t = Topology::load(&repo("deploy/h100x32.toml")).unwrap();
+    let p = plan(&t);
+    for pr in p.processes_with(Role::Learner).chain(p.processes_with(Role::Rollout)) {
+        let role = if pr.roles.contains(&Role::Learner) { Role::Learner } else { Role::Rollout };
+        assert_eq!(pr.cuda_ordinal(role), Some(0), "{}", pr.name);
+        assert_eq!(pr.env["CUDA_VISIBLE_DEVICES"].split(',').count(), 1, "{}", pr.name);
+    }
 }
 
 #[test]

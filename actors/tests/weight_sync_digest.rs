@@ -65,6 +65,7 @@ fn a_rollout_actor_refuses_and_counts_a_corrupted_version() {
         limits: Default::default(),
         config: Default::default(),
         threads: 1,
+        device: tch::Device::Cpu,
         panic_on_request: None,
         requests: Arc::new(AtomicU64::new(0)),
         metrics: Some(metrics.clone()),

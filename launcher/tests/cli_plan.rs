@@ -23,7 +23,7 @@ fn learner_ranks(plan: &Value) -> (BTreeSet<u64>, BTreeSet<String>) {
 fn plan_prints_every_shipped_topology_as_table_and_json() {
     // (file, processes, learner world size, backend, nodes)
     for (file, processes, world, backend, nodes) in
-        [("deploy/local.toml", 1, 1, "cpu", 1), ("deploy/local-procs.toml", 6, 2, "cpu", 1), ("deploy/slurm-cpu3.toml", 3, 1, "cpu", 3), ("deploy/dev-2gpu.toml", 3, 1, "nccl", 1), ("deploy/h100x32.toml", 35, 16, "nccl", 4)]
+        [("deploy/local.toml", 1, 1, "cpu", 1), ("deploy/local-procs.toml", 6, 2, "cpu", 1), ("deploy/slurm-cpu3.toml", 3, 1, "cpu", 3), ("deploy/dev-2gpu.toml", 3, 1, "nccl", 1), ("deploy/dev-1gpu.toml", 3, 1, "nccl", 1), ("deploy/h100x32.toml", 35, 16, "nccl", 4)]
     {
         let plan = plan_json(file);
         assert_eq!(plan["processes"].as_array().unwrap().len(), processes, "{file}");

@@ -65,7 +65,7 @@ fn up_checks_everything_before_it_creates_anything() {
     let tmp = tempfile::tempdir().unwrap();
     let run = tmp.path().join("run");
     let tiny = recipe(tmp.path(), 2, "1e-4");
-    // A GPU topology: refused by --dry-run as by up, naming the field.
+    // A GPU topology on a machine without GPUs: refused by --dry-run as by up, naming the field.
     for dry in [true, false] {
         let mut c = Command::new(env!("CARGO_BIN_EXE_launcher"));
         c.current_dir(repo()).args(["up", "deploy/dev-2gpu.toml", "--recipe", &tiny, "--run-dir", run.to_str().unwrap()]);
@@ -74,8 +74,17 @@ fn up_checks_everything_before_it_creates_anything() {
         }
         let o = c.output().unwrap();
         assert_eq!(o.status.code(), Some(2), "dry {dry}: {}", err(&o));
-        assert!(err(&o).contains("deploy/dev-2gpu.toml: field \"rollout.placement[0]\"") && err(&o).contains("this build starts CPU topologies only"), "{}", err(&o));
+        assert!(err(&o).contains("deploy/dev-2gpu.toml: field \"rollout.placement[0]\"") && err(&o).contains("GPU 0 on this machine, but libtorch sees 0 CUDA device(s) here"), "{}", err(&o));
     }
+    // A GPU actor in the controller's own process: refused on any machine (GPU actors get processes of their own).
+    let other = tempfile::tempdir().unwrap();
+    let shared = other.path().join("gpu-in-main.toml");
+    let text = std::fs::read_to_string(repo().join("deploy/dev-1gpu.toml")).unwrap();
+    std::fs::write(&shared, text.replace("[rollout]\nplacement = [{ node = \"dev\", gpus = [0] }]", "[rollout]\nplacement = [{ node = \"dev\", gpus = [0], process = \"main\" }]")).unwrap();
+    let o = Command::new(env!("CARGO_BIN_EXE_launcher")).current_dir(repo()).args(["up", shared.to_str().unwrap(), "--recipe", &tiny, "--run-dir", run.to_str().unwrap()]).output().unwrap();
+    assert_eq!(o.status.code(), Some(2), "{}", err(&o));
+    assert!(err(&o).contains("gpu-in-main.toml: field \"rollout.placement[0]\": a GPU actor in the controller's process \"dev/main\""), "{}", err(&o));
+    assert!(!run.exists(), "nothing created");
     // A model directory that does not exist, or holds no tokenizer.
     let half = tmp.path().join("half-model");
     std::fs::create_dir_all(&half).unwrap();

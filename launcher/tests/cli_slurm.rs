@@ -190,11 +190,12 @@ fn h100x32_inside_a_four_node_allocation_maps_nodes_and_binds_gpus() {
         assert_eq!(g, ["0", "1", "2", "3", "4", "5", "6", "7"], "{h}");
     }
 
-    // `up --dry-run` prints the same processes with their commands, then refuses a GPU topology on this build.
+    // `up --dry-run` prints the same processes with their commands, then refuses the topology:
+    // its first node is this machine, whose GPUs (gres entries) libtorch cannot see.
     let text = std::fs::read_to_string(&dry).unwrap();
     assert_eq!(text.lines().filter(|l| l.contains("srun ") && l.contains(" node")).count(), 34, "{text}");
     assert!(text.contains("CUDA_VISIBLE_DEVICES=") && text.contains("RLMESH_CONTROLLER_ADDR=h0:"), "{text}");
-    assert!(text.contains("this build starts CPU topologies only") && text.contains("exit=2"), "{text}");
+    assert!(text.contains("error: deploy/h100x32.toml: field \"rollout.placement[0]\": GPU 0 on this machine, but libtorch sees 0 CUDA device(s) here") && text.contains("exit=2"), "{text}");
 
     // An `salloc` shell on a host outside the allocation cannot be the controller's;
     // a one-process run there needs no steps and starts as usual.

@@ -93,7 +93,7 @@ fn dev_2gpu_runs_on_the_cpu_with_device_cpu() {
     let names: Vec<&str> = status["processes"].as_array().unwrap().iter().map(|p| p["name"].as_str().unwrap()).collect();
     assert_eq!(names, ["dev/main", "dev/rollout-0", "dev/learner-0"]);
     assert_no_nodes_left(&run);
-    // Without --device cpu the same file is refused on this build.
+    // Without --device cpu the same file is refused on a machine where libtorch sees no GPU.
     let out = up(topo.to_str().unwrap(), &recipe, &tmp.path().join("run2")).output().unwrap();
     assert_eq!(code(&out), 2, "{}", stderr(&out));
 }

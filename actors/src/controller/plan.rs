@@ -59,13 +59,16 @@ pub enum Backend {
     Cpu,
 }
 
-/// How new weights reach the rollout actors, chosen by the devices at both ends.
+/// How new weights reach the rollout actors.
+///
+/// This build has one transport, on CPUs and GPUs alike: the version's bytes,
+/// digest-checked, over the data plane (shared memory within a process); GPU
+/// actors copy them from and to their device. An NCCL broadcast between GPU
+/// processes is not built yet.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
 pub enum WeightTransport {
-    /// Learners and rollout actors all on GPUs: NCCL broadcast.
-    Nccl,
-    /// Otherwise: shards over the data plane (shared memory within a process).
+    /// Shards over the data plane.
     DataPlane,
 }
 
@@ -81,7 +84,6 @@ impl fmt::Display for Backend {
 impl fmt::Display for WeightTransport {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.write_str(match self {
-            WeightTransport::Nccl => "nccl",
             WeightTransport::DataPlane => "data_plane",
         })
     }
@@ -157,7 +159,7 @@ pub fn plan(topology: &Topology) -> Plan {
     let learners: Vec<_> = slots.iter().filter(|s| s.role == Role::Learner).collect();
     let on_gpu = |role: Role| slots.iter().filter(|s| s.role == role).all(|s| s.device != Device::Cpu);
     let learner_backend = if on_gpu(Role::Learner) { Backend::Nccl } else { Backend::Cpu };
-    let weight_transport = if on_gpu(Role::Learner) && on_gpu(Role::Rollout) { WeightTransport::Nccl } else { WeightTransport::DataPlane };
+    let weight_transport = WeightTransport::DataPlane;
     let master_host = learners.first().map_or_else(String::new, |l| host_of(&l.node));
     let master = format!("{master_host}:{}", topology.ports.master);
     let (controller_name, controller) = processes
@@ -168,10 +170,7 @@ pub fn plan(topology: &Topology) -> Plan {
     let world_size = learners.len() as u32;
 
     for p in &mut processes {
-        let mut gpus: Vec<u32> = p.actors.iter().filter_map(|a| if let Device::Gpu(g) = a.device { Some(g) } else { None }).collect();
-        gpus.sort_unstable();
-        gpus.dedup();
-        let visible: Vec<String> = gpus.iter().map(u32::to_string).collect();
+        let visible: Vec<String> = p.gpus().iter().map(u32::to_string).collect();
         let env = BTreeMap::from([
             ("RLMESH_PROCESS".to_string(), p.name.clone()),
             ("RLMESH_NODE".to_string(), p.node.clone()),
@@ -207,6 +206,24 @@ pub fn plan(topology: &Topology) -> Plan {
     }
 
     Plan { topology: topology.name.clone(), learner_backend, weight_transport, world_size, master, controller, listen_all: topology.network.listen_all, faults: topology.faults.clone(), processes }
+}
+
+impl Process {
+    /// The node's GPUs this process uses, sorted: its `CUDA_VISIBLE_DEVICES`.
+    pub fn gpus(&self) -> Vec<u32> {
+        let mut gpus: Vec<u32> = self.actors.iter().filter_map(|a| if let Device::Gpu(g) = a.device { Some(g) } else { None }).collect();
+        gpus.sort_unstable();
+        gpus.dedup();
+        gpus
+    }
+
+    /// The CUDA ordinal, inside this process, of its first actor of `role`:
+    /// that GPU's place in [`Process::gpus`] (what `CUDA_VISIBLE_DEVICES`
+    /// renumbers it to). `None`: the actor computes on the CPU, or there is none.
+    pub fn cuda_ordinal(&self, role: Role) -> Option<usize> {
+        let Device::Gpu(g) = self.actors.iter().find(|a| a.role == role)?.device else { return None };
+        self.gpus().iter().position(|&x| x == g)
+    }
 }
 
 impl Plan {

@@ -227,7 +227,7 @@ impl Roles {
             Some(f) => {
                 let roles = RoleSetup {
                     model_dir: policy.model_dir.clone(),
-                    rollout: RolloutSetup { tools: recipe.tools.clone(), limits: policy.limits, config: self.rollout.clone() },
+                    rollout: RolloutSetup { tools: recipe.tools.clone(), limits: policy.limits, config: self.rollout.clone(), cuda: None },
                     reward: self.reward.clone(),
                     learner: self.sft.clone(),
                 };
@@ -244,7 +244,7 @@ impl Roles {
         let learner = match hosted.as_ref().and_then(|h| h.learner.clone()) {
             Some(remote) => remote,
             None => {
-                let args = LearnerArgs { model_dir: policy.model_dir.clone(), config: self.sft.clone(), threads: policy.cores, ring: None };
+                let args = LearnerArgs { model_dir: policy.model_dir.clone(), config: self.sft.clone(), threads: policy.cores, ring: None, device: tch::Device::Cpu };
                 Actor::spawn(None, LearnerActor, args).await.map_err(|e| RunError::Setup(format!("learner: {e}")))?.0
             }
         };
@@ -268,6 +268,7 @@ impl Roles {
                 // rollout's float results depend on its thread count, so the same
                 // split gives the same rollouts in one process or several.
                 threads: (policy.cores / local_rollouts.max(1) as i32).max(1),
+                device: tch::Device::Cpu,
                 panic_on_request: if i == 0 { opts.panic_rollout_on_request } else { None },
                 requests: Arc::new(AtomicU64::new(0)),
                 metrics: Some((**metrics).clone()),

@@ -207,6 +207,11 @@ pub struct NodeSpec {
     /// GPU model, informative (e.g. `H100-80GB`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub gpu_type: Option<String>,
+    /// Lets a rollout and a learner process use the same GPU (a one-GPU
+    /// workstation). Learner ranks still need a GPU each: NCCL refuses two
+    /// ranks of one communicator on one device.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub share_gpus: bool,
 }
 
 /// Port bases: the i-th process on a host (in plan order) uses `base + i`.
@@ -536,7 +541,7 @@ impl Topology {
                 format!("a topology has at most {MAX_PROCESSES} processes (each is started, watched and stopped on its own), this one has {}; share processes with `process = \"…\"`", processes.len()),
             ));
         }
-        check_gpus_used_once(&actors)?;
+        check_gpus_used_once(&actors, &index)?;
         self.check_learners(&actors)?;
         self.check_ports(&index, &processes, &actors)
     }
@@ -660,16 +665,20 @@ pub(crate) fn process_keys(actors: &[ActorSlot]) -> Vec<(&str, String)> {
 }
 
 /// The name of an actor's process on its node: the shared name, or `role-rank`.
-pub(crate) fn process_name(a: &ActorSlot) -> String {
+pub fn process_name(a: &ActorSlot) -> String {
     a.process.clone().unwrap_or_else(|| format!("{}-{}", a.role, a.rank))
 }
 
-fn check_gpus_used_once(actors: &[ActorSlot]) -> Result<(), Invalid> {
-    let mut used: HashMap<(&str, u32), &str> = HashMap::new();
+/// A GPU holds one actor, except on a node with `share_gpus`, where roles may
+/// share it but two actors of one role (two learner ranks, two rollout actors) may not.
+fn check_gpus_used_once(actors: &[ActorSlot], index: &HashMap<&str, &NodeSpec>) -> Result<(), Invalid> {
+    let mut used: HashMap<(&str, u32, Option<Role>), &str> = HashMap::new();
     for a in actors {
         if let Device::Gpu(g) = a.device {
-            if let Some(by) = used.insert((&a.node, g), &a.field) {
-                return Err(Invalid::new(format!("{}.gpus", a.field), format!("GPU {g} of node \"{}\" is already used by {by}", a.node)));
+            let shared = index.get(a.node.as_str()).is_some_and(|n| n.share_gpus);
+            if let Some(by) = used.insert((&a.node, g, shared.then_some(a.role)), &a.field) {
+                let hint = if shared { " (share_gpus lets different roles share a GPU, not two actors of one role)" } else { " (set share_gpus = true on the node to let a rollout and a learner share it)" };
+                return Err(Invalid::new(format!("{}.gpus", a.field), format!("GPU {g} of node \"{}\" is already used by {by}{hint}", a.node)));
             }
         }
     }

@@ -4,7 +4,7 @@ use super::{CheckpointMeta, Learner, LearnerConfig, SftBatch, StepStats, TrainBa
 use crate::device::DeviceThread;
 use crate::weight_sync::image::{pack, WeightUpdate};
 use ractor::{Actor, ActorProcessingErr, ActorRef, RpcReplyPort};
-use rlmesh_comm::{Collective, RingComm, RingConfig};
+use rlmesh_comm::{Buf, Collective, DType, NcclComm, NcclId, ReduceOp, RingComm, RingConfig};
 use rlmesh_model::Transformer;
 use std::path::PathBuf;
 
@@ -42,6 +42,9 @@ pub struct LearnerArgs {
     /// bind address); `None` is a single learner. Each rank trains on its
     /// shard of every batch.
     pub ring: Option<RingConfig>,
+    /// Where it trains. On a CUDA device, ranks all-reduce by NCCL; the ring
+    /// then only carries rank 0's unique id.
+    pub device: tch::Device,
 }
 
 /// The learner actor.
@@ -57,10 +60,16 @@ impl Actor for LearnerActor {
         let device = DeviceThread::spawn(&name, move || -> Result<Learner, String> {
             tch::set_num_threads(args.threads);
             let comm: Option<Box<dyn Collective>> = match &args.ring {
-                Some(cfg) if cfg.world > 1 => Some(Box::new(RingComm::connect(cfg.clone()).map_err(|e| format!("learner rank {}: ring at {}: {e}", cfg.rank, cfg.addr))?)),
+                Some(cfg) if cfg.world > 1 => {
+                    let ring = RingComm::connect(cfg.clone()).map_err(|e| format!("learner rank {}: ring at {}: {e}", cfg.rank, cfg.addr))?;
+                    match args.device {
+                        tch::Device::Cuda(ordinal) => Some(Box::new(nccl_group(ring, ordinal).map_err(|e| format!("learner rank {}: NCCL: {e}", cfg.rank))?)),
+                        _ => Some(Box::new(ring)),
+                    }
+                }
                 _ => None,
             };
-            let model = Transformer::load(&args.model_dir, tch::Device::Cpu, Some(tch::Kind::Float)).map_err(|e| e.to_string())?;
+            let model = Transformer::load(&args.model_dir, args.device, Some(tch::Kind::Float)).map_err(|e| e.to_string())?;
             Learner::new(model, args.config, comm).map_err(|e| e.to_string())
         })
         .await??;
@@ -106,7 +115,7 @@ impl Actor for LearnerActor {
                 let out = device
                     .run(move |l| {
                         let comm = l.take_comm();
-                        let r = Learner::resume(&root, config, tch::Device::Cpu, Some(tch::Kind::Float), comm).map_err(|e| e.to_string())?;
+                        let r = Learner::resume(&root, config, l.model().device(), Some(tch::Kind::Float), comm).map_err(|e| e.to_string())?;
                         *l = r.learner;
                         Ok(r.meta)
                     })
@@ -116,4 +125,26 @@ impl Actor for LearnerActor {
         }
         Ok(())
     }
+}
+
+/// The learners' NCCL communicator on CUDA device `ordinal`, formed over the
+/// CPU ring that is already connected: rank 0 makes the unique id and
+/// broadcasts its 128 bytes on the ring, every rank joins, and a warm-up
+/// all-reduce of `rank + 1` must give `world·(world+1)/2` before the group is
+/// trusted with gradients. The ring is closed after.
+pub fn nccl_group(mut ring: RingComm, ordinal: usize) -> Result<NcclComm, String> {
+    let (rank, world) = (ring.rank(), ring.world_size());
+    let mut id = if rank == 0 { NcclId::new().map_err(|e| e.to_string())?.to_bytes() } else { [0u8; rlmesh_comm::nccl::NCCL_ID_BYTES] };
+    ring.broadcast_bytes_with(&mut id, 0, &mut |_| {}).map_err(|e| format!("sending the unique id over the ring: {e}"))?;
+    let id = NcclId::from_bytes(&id).map_err(|e| e.to_string())?;
+    let mut comm = NcclComm::new(ordinal, rank, world, &id).map_err(|e| e.to_string())?;
+    let probe = tch::Tensor::from_slice(&[rank as f32 + 1.0]).to_device(tch::Device::Cuda(ordinal));
+    // SAFETY: a one-element contiguous f32 device tensor, alive until synchronized below; the legacy default stream.
+    comm.all_reduce(unsafe { Buf::cuda(probe.data_ptr(), 1, DType::F32, std::ptr::null_mut()) }, ReduceOp::Sum).map_err(|e| e.to_string())?;
+    comm.synchronize(std::ptr::null_mut()).map_err(|e| e.to_string())?;
+    let (got, want) = (probe.double_value(&[0]), (world * (world + 1) / 2) as f64);
+    if got != want {
+        return Err(format!("warm-up all-reduce gave {got}, expected {want}"));
+    }
+    Ok(comm)
 }

@@ -343,13 +343,14 @@ impl Fleet {
                     rank: a.rank,
                     world: self.plan.world_size,
                     master: self.plan.master.clone(),
+                    cuda: p.cuda_ordinal(Role::Learner),
                 });
                 let setup = NodeSetup {
                     model_dir: roles.model_dir.clone(),
                     threads,
                     cpus,
                     controller_data: core.my_data.clone(),
-                    rollout: has(p, Role::Rollout).then(|| roles.rollout.clone()),
+                    rollout: has(p, Role::Rollout).then(|| RolloutSetup { cuda: p.cuda_ordinal(Role::Rollout), ..roles.rollout.clone() }),
                     reward: has(p, Role::Reward).then(|| roles.reward.clone()),
                     learner,
                     weights: group_rank(i).map(|rank| GroupSpec { rank, world, addr: group_addr.clone(), epoch: 0 }),

@@ -17,6 +17,7 @@
 //! sent before a request is loaded before it. The process leaves on
 //! [`ControlMsg::Stop`], on SIGTERM, or when the controller is lost (silent
 //! past the heartbeat deadline): a node never outlives its run.
+use crate::device::torch_device;
 use super::wire::*;
 use super::weights::{GroupSpec, Pending, WeightGroup};
 use std::net::IpAddr;
@@ -275,11 +276,13 @@ async fn host(hosted: &mut Hosted, s: NodeSetup, cookie: &str, tx: &ControlSende
             limits: r.limits,
             config: r.config,
             threads: s.threads,
+            device: torch_device(r.cuda).map_err(|e| format!("rollout actor: {e}"))?,
             panic_on_request: None,
             requests: Arc::new(AtomicU64::new(0)),
             metrics: Some(metrics.clone()),
             label: hosted.process.clone(),
         };
+        eprintln!("[node] {}: rollout actor on {:?}", hosted.process, args.device);
         let (a, _) = Actor::spawn(None, RolloutActor, args).await.map_err(|e| format!("rollout actor: {e}"))?;
         hosted.rollout = Some(a);
     }
@@ -289,7 +292,9 @@ async fn host(hosted: &mut Hosted, s: NodeSetup, cookie: &str, tx: &ControlSende
     if let Some(l) = s.learner {
         // The learners' ring: its own cookie derived from the run's, its listener on this host.
         let ring = RingConfig::new(l.rank as usize, l.world as usize, l.master.clone()).cookie(format!("{cookie}:learners")).bind(hosted.listen);
-        let args = LearnerArgs { model_dir: s.model_dir.clone(), config: l.config, threads: s.threads, ring: Some(ring) };
+        let device = torch_device(l.cuda).map_err(|e| format!("learner rank {}: {e}", l.rank))?;
+        let args = LearnerArgs { model_dir: s.model_dir.clone(), config: l.config, threads: s.threads, ring: Some(ring), device };
+        eprintln!("[node] {}: learner rank {} of {} on {:?}", hosted.process, l.rank, l.world, args.device);
         let (a, _) = Actor::spawn(None, LearnerActor, args).await.map_err(|e| format!("learner rank {}: {e}", l.rank))?;
         hosted.learner = Some((a, l.rank));
     }

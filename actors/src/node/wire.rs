@@ -85,6 +85,9 @@ pub struct RolloutSetup {
     pub limits: ExecLimits,
     /// Sampling and loop limits.
     pub config: RolloutConfig,
+    /// The CUDA ordinal it generates on, inside its process; `None`: the CPU.
+    #[serde(default)]
+    pub cuda: Option<usize>,
 }
 
 /// A learner rank's settings.
@@ -98,6 +101,10 @@ pub struct LearnerSetup {
     pub world: u32,
     /// Rank 0's ring rendezvous, `host:port`.
     pub master: String,
+    /// The CUDA ordinal it trains on, inside its process; `None`: the CPU.
+    /// With GPUs the ranks all-reduce by NCCL (rank 0's unique id travels over the ring).
+    #[serde(default)]
+    pub cuda: Option<usize>,
 }
 
 /// Control-plane messages (a call's `id` pairs it with its answer).

@@ -81,6 +81,8 @@ pub struct RolloutArgs {
     pub config: RolloutConfig,
     /// Intra-op threads of the device thread.
     pub threads: i32,
+    /// Where it generates (a CUDA device: weights are copied to it as they arrive).
+    pub device: tch::Device,
     /// Fault injection for tests: panic on this request number (counted across restarts).
     pub panic_on_request: Option<u64>,
     /// Requests seen by this actor slot (shared across restarts).
@@ -114,11 +116,11 @@ impl Actor for RolloutActor {
     type Arguments = RolloutArgs;
 
     async fn pre_start(&self, myself: ActorRef<Self::Msg>, args: RolloutArgs) -> Result<RolloutState, ActorProcessingErr> {
-        let (dir, tools, limits, threads) = (args.model_dir.clone(), args.tools.clone(), args.limits, args.threads);
+        let (dir, tools, limits, threads, on) = (args.model_dir.clone(), args.tools.clone(), args.limits, args.threads, args.device);
         let name = format!("rollout-{}", myself.get_id());
         let device = DeviceThread::spawn(&name, move || -> Result<RolloutDevice, String> {
             tch::set_num_threads(threads);
-            let model = Transformer::load(&dir, tch::Device::Cpu, Some(tch::Kind::Float)).map_err(|e| e.to_string())?;
+            let model = Transformer::load(&dir, on, Some(tch::Kind::Float)).map_err(|e| e.to_string())?;
             let tokenizer = Tokenizer::load(&dir).map_err(|e| e.to_string())?;
             let registry = ToolRegistry::from_names(&tools, limits).map_err(|e| e.to_string())?;
             Ok(RolloutDevice { model, tokenizer, registry, version: 0 })

@@ -118,6 +118,7 @@ fn on_pods(t: &Topology, original: &Plan, run: &str, namespace: &str, address: O
             host: address.map_or_else(|| format!("{}.{}.{namespace}.svc.cluster.local", pod.name, pod.set), str::to_string),
             gpus: pod.gpus,
             gpu_type: None,
+            share_gpus: false,
         })
         .collect();
     let short = |p: &Process| p.name.rsplit('/').next().unwrap_or(&p.name).to_string();

@@ -279,18 +279,27 @@ fn start_again(dir: &Path, why: &str, cause: &str, exited: bool) -> CliError {
     CliError::from(anyhow::anyhow!("{lost}; starting it again failed: exec {}: {err}", program.display()))
 }
 
-/// This build starts CPU topologies (in one process or several, on any
-/// hosts); the error names the first placement that puts an actor on a GPU,
-/// or a learner with several ranks in the controller's own process.
+/// What this build starts: CPU actors anywhere; GPU actors in processes of
+/// their own (not the controller's), and on this machine only GPUs that
+/// libtorch sees here. The error names the placement at fault.
 fn check_startable(deploy: &Path, topology: &Topology, placement: &Plan) -> CliResult {
+    let refuse = |field: &str, why: String| Err(CliError::usage(anyhow::anyhow!("{}: field \"{field}\": {why}", deploy.display())));
     let slots = topology.actors();
-    if let Some(s) = slots.iter().find(|s| matches!(s.device, Device::Gpu(_))) {
-        return Err(CliError::usage(anyhow::anyhow!(
-            "{}: field \"{}\": a GPU actor — this build starts CPU topologies only (the NCCL pipeline is not built yet; see `launcher plan {}`)",
-            deploy.display(),
-            s.field,
-            deploy.display()
-        )));
+    let gpu_slots = slots.iter().filter_map(|s| if let Device::Gpu(g) = s.device { Some((s, g)) } else { None });
+    let controller_process = placement.processes.iter().find(|p| p.actors.iter().any(|a| a.role == Role::Controller)).map(|p| p.name.clone());
+    let mut seen_here: Option<u32> = None;
+    for (s, g) in gpu_slots {
+        let process = format!("{}/{}", s.node, rlmesh_actors::controller::topology::process_name(s));
+        if Some(&process) == controller_process.as_ref() {
+            return refuse(&s.field, format!("a GPU actor in the controller's process \"{process}\"; give it a process of its own (drop `process = ...`)"));
+        }
+        let host = topology.node(&s.node).map_or(s.node.as_str(), |n| n.host.as_str());
+        if matches!(rlmesh_mesh::launch::Host::resolve(host, topology.ssh.clone()), rlmesh_mesh::launch::Host::Local) {
+            let n = *seen_here.get_or_insert_with(|| tch::Cuda::device_count().max(0) as u32);
+            if g >= n {
+                return refuse(&s.field, format!("GPU {g} on this machine, but libtorch sees {n} CUDA device(s) here; `--device cpu` runs the topology on the CPU"));
+            }
+        }
     }
     let controller = placement.processes.iter().find(|p| p.actors.iter().any(|a| a.role == Role::Controller));
     let local_ranks = controller.map_or(0, |p| p.actors.iter().filter(|a| a.role == Role::Learner).count());
