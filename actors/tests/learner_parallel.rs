@@ -113,3 +113,31 @@ fn ranks_with_different_parameters_stop_with_a_digest_mismatch() {
         assert!(o.stderr.contains("parameter digest mismatch") && o.stderr.contains("rank 0") && o.stderr.contains("rank 1"), "rank {}: {}", o.rank, o.stderr);
     }
 }
+
+/// GPU learner ranks form their NCCL group over the ring (`nccl_group`). Where
+/// NCCL cannot run (no CUDA driver: every CI machine) both ranks must come back
+/// with an error, promptly, and name why: rank 0 cannot make the unique id,
+/// rank 1 loses the ring while waiting for it. Neither may hang or panic.
+#[test]
+fn an_nccl_group_that_cannot_form_fails_on_every_rank_with_the_reason() {
+    if rlmesh_comm::nccl::nccl_available().is_ok() {
+        eprintln!("SKIPPED: NCCL and a CUDA driver are present; scripts/gpu-check.sh's nccl-pair forms a real group");
+        return;
+    }
+    let addr = rlmesh_comm::testing::free_loopback_addr();
+    let t = std::time::Instant::now();
+    let ranks: Vec<_> = (0..2)
+        .map(|rank| {
+            let addr = addr.clone();
+            std::thread::spawn(move || -> Result<(), String> {
+                let cfg = rlmesh_comm::RingConfig::new(rank, 2, addr).cookie("nccl-group-test");
+                let ring = rlmesh_comm::RingComm::connect(cfg).map_err(|e| format!("ring: {e}"))?;
+                rlmesh_actors::learner::actor::nccl_group(ring, 0).map(|_| ())
+            })
+        })
+        .collect();
+    let errors: Vec<String> = ranks.into_iter().map(|h| h.join().expect("no panic").expect_err("no NCCL here")).collect();
+    assert!(errors[0].contains("NCCL backend unavailable"), "rank 0: {}", errors[0]);
+    assert!(errors[1].starts_with("sending the unique id over the ring: "), "rank 1: {}", errors[1]);
+    assert!(t.elapsed() < Duration::from_secs(30), "both ranks returned in {:?}", t.elapsed());
+}
