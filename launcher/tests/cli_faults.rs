@@ -73,10 +73,15 @@ fn topology_with_ranks(dir: &Path, ranks: u32) -> String {
 }
 
 fn start(topology: &str, recipe: &str, run: &Path, log: &Path, extra: &[&str]) -> Child {
+    start_with(topology, recipe, run, log, extra, &[])
+}
+
+fn start_with(topology: &str, recipe: &str, run: &Path, log: &Path, extra: &[&str], env: &[(&str, &str)]) -> Child {
     Command::new(env!("CARGO_BIN_EXE_launcher"))
         .current_dir(repo())
         .args(["up", topology, "--recipe", recipe, "--run-dir", run.to_str().unwrap(), "--metrics-addr", "127.0.0.1:0", "--eval-limit", "4"])
         .args(extra)
+        .envs(env.iter().copied())
         .stdout(Stdio::null())
         .stderr(std::fs::File::create(log).unwrap())
         .spawn()
@@ -237,6 +242,38 @@ fn killed_learner_rank(ranks: u32, victim: &str) {
     assert_logged_once(&run, 12, ROWS_PER_STEP);
     let progress = std::fs::read_to_string(run.join("progress.log")).unwrap();
     assert!(progress.contains("restart 1 of 3"), "the progress log says so too:\n{progress}");
+    let summary: Value = serde_json::from_str(&std::fs::read_to_string(run.join("summary.json")).unwrap()).unwrap();
+    assert_eq!(summary["counters"]["groups_trained"], 24, "counted over both starts: {summary}");
+}
+
+/// A learner rank whose collective breaks while every process lives (rank 1
+/// shuts its ring down mid-run, as a timed-out NCCL call aborts its
+/// communicator): both ranks' steps fail, both processes leave, and the run
+/// starts again from its newest checkpoint with the group formed anew,
+/// nothing trained or logged twice.
+#[test]
+fn a_broken_learner_collective_makes_both_ranks_leave_and_the_run_starts_again_from_its_checkpoint() {
+    let tmp = tempfile::tempdir().unwrap();
+    let (topo, recipe) = (topology_with_ranks(tmp.path(), 2), recipe(tmp.path(), 12));
+    let (run, log) = (tmp.path().join("run"), tmp.path().join("up.log"));
+    // The node processes, started as children of `up`, inherit it.
+    let exit = start_with(&topo, &recipe, &run, &log, &[], &[(rlmesh_actors::node::RING_FAULT_ENV, "1:6")]).wait().unwrap();
+    let logged = std::fs::read_to_string(&log).unwrap();
+    assert!(exit.success(), "the run starts again by itself and finishes:\n{logged}");
+    assert!(logged.contains("a learner rank is lost (local/learner-"), "{logged}");
+    assert!(logged.contains("starting the run again from its newest checkpoint (restart 1 of 3)"), "{logged}");
+    let from: u64 = logged.split("resuming at RL step ").nth(1).and_then(|r| r.split_whitespace().next()?.parse().ok()).unwrap_or_else(|| panic!("no resume:\n{logged}"));
+    assert_eq!(from, 4, "the checkpoint before the fault at step 6");
+    // Both ranks left on their own, each naming its broken collective.
+    for rank in 0..2 {
+        let node = std::fs::read_to_string(run.join(format!("logs/local_learner-{rank}.log"))).unwrap();
+        assert!(
+            node.contains(&format!("[node] learner rank {rank}: learner group broken: data-parallel collective: ")) && node.contains("leaving so that the learner group forms again"),
+            "rank {rank}:\n{node}"
+        );
+    }
+    assert_trained_once_replayed(&run);
+    assert_logged_once(&run, 12, ROWS_PER_STEP);
     let summary: Value = serde_json::from_str(&std::fs::read_to_string(run.join("summary.json")).unwrap()).unwrap();
     assert_eq!(summary["counters"]["groups_trained"], 24, "counted over both starts: {summary}");
 }

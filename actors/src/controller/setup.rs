@@ -244,7 +244,7 @@ impl Roles {
         let learner = match hosted.as_ref().and_then(|h| h.learner.clone()) {
             Some(remote) => remote,
             None => {
-                let args = LearnerArgs { model_dir: policy.model_dir.clone(), config: self.sft.clone(), threads: policy.cores, ring: None, device: tch::Device::Cpu };
+                let args = LearnerArgs { model_dir: policy.model_dir.clone(), config: self.sft.clone(), threads: policy.cores, ring: None, device: tch::Device::Cpu, abort_ring_before_step: None };
                 Actor::spawn(None, LearnerActor, args).await.map_err(|e| RunError::Setup(format!("learner: {e}")))?.0
             }
         };

@@ -4,6 +4,7 @@ use super::{CheckpointMeta, Learner, LearnerConfig, SftBatch, StepStats, TrainBa
 use crate::device::DeviceThread;
 use crate::weight_sync::image::{pack, WeightUpdate};
 use ractor::{Actor, ActorProcessingErr, ActorRef, RpcReplyPort};
+use rlmesh_comm::cpu::RingAbort;
 use rlmesh_comm::{Buf, Collective, DType, NcclComm, NcclId, ReduceOp, RingComm, RingConfig};
 use rlmesh_model::Transformer;
 use std::path::PathBuf;
@@ -45,23 +46,39 @@ pub struct LearnerArgs {
     /// Where it trains. On a CUDA device, ranks all-reduce by NCCL; the ring
     /// then only carries rank 0's unique id.
     pub device: tch::Device,
+    /// Fault injection for tests: shut this rank's ring down before its N-th
+    /// policy-gradient step, the process staying alive (a collective that broke).
+    pub abort_ring_before_step: Option<u64>,
 }
 
 /// The learner actor.
 pub struct LearnerActor;
 
+/// State of a running learner actor.
+pub struct LearnerState {
+    device: DeviceThread<Learner>,
+    /// (step, the ring's abort handle): see [`LearnerArgs::abort_ring_before_step`].
+    fault: Option<(u64, RingAbort)>,
+    trains: u64,
+}
+
 impl Actor for LearnerActor {
     type Msg = LearnerMsg;
-    type State = DeviceThread<Learner>;
+    type State = LearnerState;
     type Arguments = LearnerArgs;
 
     async fn pre_start(&self, _myself: ActorRef<Self::Msg>, args: LearnerArgs) -> Result<Self::State, ActorProcessingErr> {
         let name = format!("learner-{}", args.ring.as_ref().map_or(0, |r| r.rank));
+        let abort_at = args.abort_ring_before_step;
+        let (abort_tx, abort_rx) = std::sync::mpsc::channel::<RingAbort>();
         let device = DeviceThread::spawn(&name, move || -> Result<Learner, String> {
             tch::set_num_threads(args.threads);
             let comm: Option<Box<dyn Collective>> = match &args.ring {
                 Some(cfg) if cfg.world > 1 => {
                     let ring = RingComm::connect(cfg.clone()).map_err(|e| format!("learner rank {}: ring at {}: {e}", cfg.rank, cfg.addr))?;
+                    if abort_at.is_some() {
+                        let _ = abort_tx.send(ring.abort_handle().map_err(|e| e.to_string())?);
+                    }
                     match args.device {
                         tch::Device::Cuda(ordinal) => Some(Box::new(nccl_group(ring, ordinal).map_err(|e| format!("learner rank {}: NCCL: {e}", cfg.rank))?)),
                         _ => Some(Box::new(ring)),
@@ -73,27 +90,36 @@ impl Actor for LearnerActor {
             Learner::new(model, args.config, comm).map_err(|e| e.to_string())
         })
         .await??;
-        Ok(device)
+        let fault = abort_at.zip(abort_rx.try_recv().ok());
+        Ok(LearnerState { device, fault, trains: 0 })
     }
 
-    async fn handle(&self, _myself: ActorRef<Self::Msg>, msg: Self::Msg, device: &mut Self::State) -> Result<(), ActorProcessingErr> {
+    async fn handle(&self, _myself: ActorRef<Self::Msg>, msg: Self::Msg, state: &mut Self::State) -> Result<(), ActorProcessingErr> {
+        let device = &mut state.device;
         match msg {
             LearnerMsg::Sft(batch, reply) => {
                 let out = device
                     .run(move |l| {
                         let (rank, world) = l.rank();
-                        l.sft_step(&if world > 1 { batch.shard(rank, world) } else { batch }).map_err(|e| e.to_string())
+                        l.sft_step(&if world > 1 { batch.shard(rank, world) } else { batch }).map_err(|e| e.travelling())
                     })
                     .await?;
                 let _ = reply.send(out);
             }
             LearnerMsg::Train(mut batch, reply) => {
+                state.trains += 1;
+                if let Some((at, ring)) = &state.fault {
+                    if *at == state.trains {
+                        eprintln!("[learner] fault injection: shutting this rank's ring down before policy step {at}");
+                        ring.abort();
+                    }
+                }
                 let out = device
                     .run(move |l| {
                         let (rank, world) = l.rank();
                         // GAE advantages are whitened over the whole batch: every rank computes them, then takes its shard.
-                        l.prepare(&mut batch).map_err(|e| e.to_string())?;
-                        l.train_step(&if world > 1 { batch.shard(rank, world) } else { batch }).map_err(|e| e.to_string())
+                        l.prepare(&mut batch).map_err(|e| e.travelling())?;
+                        l.train_step(&if world > 1 { batch.shard(rank, world) } else { batch }).map_err(|e| e.travelling())
                     })
                     .await?;
                 let _ = reply.send(out);

@@ -68,6 +68,28 @@ pub enum LearnerError {
     },
 }
 
+/// How the message of an error that broke the rank's collective begins, as it
+/// travels: the node hosting the rank leaves on seeing it (`node::serve`).
+pub const GROUP_BROKEN: &str = "learner group broken: ";
+
+impl LearnerError {
+    /// A collective failed (a peer gone or stalled, a timed-out NCCL call that
+    /// aborted the communicator): this rank cannot train on with its group.
+    /// The group is formed again from scratch, from the newest checkpoint.
+    pub fn breaks_the_group(&self) -> bool {
+        matches!(self, LearnerError::Comm(_))
+    }
+
+    /// The message as it travels: [`GROUP_BROKEN`] first when [`Self::breaks_the_group`].
+    pub fn travelling(&self) -> String {
+        if self.breaks_the_group() {
+            format!("{GROUP_BROKEN}{self}")
+        } else {
+            self.to_string()
+        }
+    }
+}
+
 /// Result alias for the learner.
 pub type Result<T, E = LearnerError> = std::result::Result<T, E>;
 

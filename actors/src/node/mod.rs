@@ -80,3 +80,12 @@ impl RefusalMirror {
         }
     }
 }
+
+/// How many times `launcher up` started the run again after a lost learner
+/// rank (set on each start again; node processes started locally inherit it).
+pub const LEARNER_RESTARTS_ENV: &str = "RLMESH_LEARNER_RESTARTS";
+
+/// Fault injection for tests, `RANK:STEP`: learner rank RANK shuts its ring
+/// down before its STEP-th policy step (counted in its process) and stays
+/// alive; on the run's first start only.
+pub const RING_FAULT_ENV: &str = "RLMESH_FAULT_LEARNER_RING_ABORT_AT";

@@ -18,6 +18,7 @@
 //! [`ControlMsg::Stop`], on SIGTERM, or when the controller is lost (silent
 //! past the heartbeat deadline): a node never outlives its run.
 use crate::device::torch_device;
+use crate::learner::GROUP_BROKEN;
 use super::wire::*;
 use super::weights::{GroupSpec, Pending, WeightGroup};
 use std::net::IpAddr;
@@ -293,7 +294,13 @@ async fn host(hosted: &mut Hosted, s: NodeSetup, cookie: &str, tx: &ControlSende
         // The learners' ring: its own cookie derived from the run's, its listener on this host.
         let ring = RingConfig::new(l.rank as usize, l.world as usize, l.master.clone()).cookie(format!("{cookie}:learners")).bind(hosted.listen);
         let device = torch_device(l.cuda).map_err(|e| format!("learner rank {}: {e}", l.rank))?;
-        let args = LearnerArgs { model_dir: s.model_dir.clone(), config: l.config, threads: s.threads, ring: Some(ring), device };
+        let first_start = std::env::var(super::LEARNER_RESTARTS_ENV).map_or(true, |v| v == "0");
+        let abort_ring_before_step = std::env::var(super::RING_FAULT_ENV)
+            .ok()
+            .and_then(|v| v.split_once(':').and_then(|(r, step)| Some((r.parse::<u32>().ok()?, step.parse::<u64>().ok()?))))
+            .filter(|&(r, _)| r == l.rank && first_start)
+            .map(|(_, step)| step);
+        let args = LearnerArgs { model_dir: s.model_dir.clone(), config: l.config, threads: s.threads, ring: Some(ring), device, abort_ring_before_step };
         eprintln!("[node] {}: learner rank {} of {} on {:?}", hosted.process, l.rank, l.world, args.device);
         let (a, _) = Actor::spawn(None, LearnerActor, args).await.map_err(|e| format!("learner rank {}: {e}", l.rank))?;
         hosted.learner = Some((a, l.rank));
@@ -488,7 +495,11 @@ fn on_data(hosted: &Hosted, msg: DataMsg, outboxes: &Outboxes, tx: &ControlSende
                                 Err(_) => Err("the learner actor stopped".into()),
                             },
                         };
+                        let broken = result.as_ref().err().filter(|e| e.starts_with(GROUP_BROKEN)).cloned();
                         let _ = outboxes.send(&to, DataMsg::LearnerDone { id, rank, result }).await;
+                        if let Some(e) = broken {
+                            leave_broken_group(rank, &e).await;
+                        }
                     });
                 }
             }
@@ -496,6 +507,20 @@ fn on_data(hosted: &Hosted, msg: DataMsg, outboxes: &Outboxes, tx: &ControlSende
         other => stats.reject("unexpected", || format!("[node] refused {} on the data port: a node takes no such message", other.name())),
     }
 }
+
+/// This rank's collective is broken (aborted, its peer gone or stalled): the
+/// process leaves, so the controller sees a lost learner rank, stops the others
+/// and `launcher up` starts the run again from the newest checkpoint, where the
+/// learners form their group anew. Its reply has gone out first.
+async fn leave_broken_group(rank: u32, why: &str) {
+    eprintln!("[node] learner rank {rank}: {why}; leaving so that the learner group forms again from the newest checkpoint");
+    // Time for the reply's frame to leave this process.
+    tokio::time::sleep(std::time::Duration::from_millis(200)).await;
+    std::process::exit(EXIT_GROUP_BROKEN);
+}
+
+/// The exit status of a learner rank's process that left a broken group.
+pub const EXIT_GROUP_BROKEN: i32 = 3;
 
 type Reply = std::pin::Pin<Box<dyn std::future::Future<Output = Result<Result<LearnerOut, String>, tokio::sync::oneshot::error::RecvError>> + Send>>;
 

@@ -241,7 +241,7 @@ fn wait_passively_if_busy() {
 /// Starts of a run again after a learner rank was lost, per `launcher up`.
 const LEARNER_RESTARTS: u32 = 3;
 /// How many starts again came before this one (set on each).
-const RESTARTS_ENV: &str = "RLMESH_LEARNER_RESTARTS";
+const RESTARTS_ENV: &str = rlmesh_actors::node::LEARNER_RESTARTS_ENV;
 
 /// A learner rank was lost and every process of the run has stopped: this
 /// process becomes `launcher up … --resume` (`exec`, so its pid, which
