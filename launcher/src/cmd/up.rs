@@ -18,6 +18,9 @@ use rlmesh_actors::node::fleet::FleetSpec;
 use std::path::{Path, PathBuf};
 
 /// Arguments of `launcher up`.
+// The field comments are clap's `--help` text, printed as written: `<recipe>`
+// and `[:EVERY_S]` are usage notation there, not HTML or links.
+#[allow(rustdoc::invalid_html_tags, rustdoc::broken_intra_doc_links)]
 #[derive(Args)]
 pub struct UpArgs {
     /// Topology file (deploy/*.toml).
