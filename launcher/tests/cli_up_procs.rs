@@ -129,8 +129,12 @@ fn a_sync_run_is_identical_in_one_process_and_across_two_rollout_processes() {
 /// generated two versions behind and dropped as stale. Before that wait a
 /// request could overtake the version and be generated with the one before
 /// (in `launcher bench pipeline`, 96 of 256 groups were thrown away).
+///
+/// Steps train their groups in dispatch order, whichever process answers
+/// first: the run gives the same rollouts and losses as with both rollout
+/// actors in the controller's process.
 #[test]
-fn one_step_off_across_two_rollout_processes_wastes_no_group() {
+fn one_step_off_across_two_rollout_processes_wastes_no_group_and_matches_one_process() {
     let tmp = tempfile::tempdir().unwrap();
     let text = std::fs::read_to_string(recipe(tmp.path())).unwrap().replace("mode = \"sync\"", "mode = \"one_step_off\"").replace("steps = 3\n", "steps = 12\n");
     let path = tmp.path().join("off-test.toml");
@@ -146,6 +150,17 @@ fn one_step_off_across_two_rollout_processes_wastes_no_group() {
     assert_eq!(summary["counters"]["groups_dispatched"], 36, "every group sent out was trained: {summary}");
     assert!(column(&run, "staleness_max").contains(&1.0), "generation overlapped training");
     assert_no_nodes_left(&run);
+    let one = topology(tmp.path(), "one", r#"{ node = "local", actors = 2, process = "main" }"#, 1, here);
+    let in_one = tmp.path().join("in-one");
+    run_ok(&one, path.to_str().unwrap(), &in_one);
+    for f in ["rollouts.jsonl", "eval_rollouts.jsonl"] {
+        let (x, y) = (std::fs::read(in_one.join(f)).unwrap(), std::fs::read(run.join(f)).unwrap());
+        assert!(!x.is_empty());
+        assert!(x == y, "{f} differs between one process and two rollout processes");
+    }
+    for k in ["loss", "grad_norm", "reward_mean", "entropy"] {
+        assert_eq!(column(&in_one, k), column(&run, k), "{k}: bit-identical");
+    }
 }
 
 /// Every tensor of `model.safetensors` in two checkpoint directories, as float32 values.

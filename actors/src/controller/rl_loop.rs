@@ -21,7 +21,7 @@ use crate::reward::ScoredGroup;
 use crate::rollout::actor::{Purpose, RolloutMsg, RolloutRequest, RolloutResult};
 use rlmesh_core::Task;
 use serde_json::Value;
-use std::collections::VecDeque;
+use std::collections::{BTreeSet, VecDeque};
 use std::path::Path;
 use std::time::Instant;
 use tokio::task::JoinSet;
@@ -58,9 +58,10 @@ pub(super) struct RlLoop<'a> {
     /// Groups whose work was lost, to send out first.
     retry: VecDeque<(u64, Task)>,
     inflight: JoinSet<Request>,
-    /// Groups in the requests out.
-    inflight_groups: usize,
-    /// Scored groups waiting for the learner, each with the time it was scored.
+    /// The groups in the requests out, by id.
+    inflight_ids: BTreeSet<u64>,
+    /// Scored groups waiting for the learner, each with the time it was
+    /// scored, in group-id (dispatch) order.
     ready: VecDeque<(Instant, ScoredGroup)>,
     /// The next new group's training task (group id g is training task g).
     pub(super) cursor: usize,
@@ -103,7 +104,7 @@ impl<'a> RlLoop<'a> {
             ledger,
             retry,
             inflight: JoinSet::new(),
-            inflight_groups: 0,
+            inflight_ids: BTreeSet::new(),
             ready: VecDeque::new(),
             step: start.step,
             version,
@@ -139,6 +140,12 @@ impl<'a> RlLoop<'a> {
     /// a rollout actor, not only after a trained step (a loop whose groups all
     /// go stale still stops): the loop then checkpoints and ends with
     /// [`RunError::Stopped`]. At the end, groups still out are dropped in the ledger.
+    ///
+    /// Steps train groups in dispatch order, whatever order the answers come
+    /// in, and requests go out at the same points between steps (one step,
+    /// then the requests it makes room for): which rollout process answers
+    /// first changes nothing, so a seeded run gives the same figures on any
+    /// placement of its rollout actors.
     pub(super) async fn run(&mut self, driver: &mut Driver, status: &mut RunStatus) -> Result<(), RunError> {
         let steps = self.cx.steps;
         self.cx.progress.bar("rl", steps, self.step);
@@ -147,30 +154,39 @@ impl<'a> RlLoop<'a> {
                 return self.stop(driver, status).await;
             }
             self.fill(driver).await?;
+            if let Some(waited) = self.next_batch() {
+                let gps = waited.len();
+                self.phases.queue_wait += waited.iter().map(|(scored, _)| scored.elapsed().as_secs_f64()).sum::<f64>() / gps as f64;
+                let batch: Vec<ScoredGroup> = waited.into_iter().map(|(_, g)| g).collect();
+                self.train_step(driver, status, batch).await?;
+                continue;
+            }
             let Some(joined) = self.inflight.join_next().await else { break };
             let (groups, result) = joined.map_err(actor_err("controller"))?;
-            self.inflight_groups -= groups.len();
+            for (id, _) in &groups {
+                self.inflight_ids.remove(id);
+            }
             match result {
                 Ok(res) => self.receive(driver, res).await?,
                 Err(e) => {
                     self.cx.progress.line(format!("rollout request lost ({e}); re-dispatching {} groups", groups.len()));
                     self.retry.extend(groups);
-                    continue;
-                }
-            }
-            let gps = self.cx.recipe.rl.groups_per_step;
-            while self.ready.len() >= gps && self.step < steps {
-                let waited: Vec<(Instant, ScoredGroup)> = self.ready.drain(..gps).collect();
-                self.phases.queue_wait += waited.iter().map(|(scored, _)| scored.elapsed().as_secs_f64()).sum::<f64>() / gps as f64;
-                let batch: Vec<ScoredGroup> = waited.into_iter().map(|(_, g)| g).collect();
-                self.train_step(driver, status, batch).await?;
-                if (self.cx.stopping)() && self.step < steps {
-                    return self.stop(driver, status).await;
                 }
             }
         }
         self.cx.progress.finish_bar();
         self.drain().await
+    }
+
+    /// The next step's groups: the `groups_per_step` oldest ready ones, once
+    /// no older group is still out.
+    fn next_batch(&mut self) -> Option<Vec<(Instant, ScoredGroup)>> {
+        let gps = self.cx.recipe.rl.groups_per_step;
+        let newest = self.ready.get(gps.checked_sub(1)?)?.1.group.group_id;
+        if self.inflight_ids.first().is_some_and(|&oldest_out| oldest_out < newest) {
+            return None;
+        }
+        Some(self.ready.drain(..gps).collect())
     }
 
     /// Keeps the rollout actors `ahead` steps in front of the learner: groups
@@ -184,11 +200,11 @@ impl<'a> RlLoop<'a> {
         let gps = recipe.rl.groups_per_step.max(1);
         let ahead = recipe.mode().max_staleness() as usize;
         let wanted = (1 + ahead).min((self.cx.steps - self.step) as usize) * gps;
-        while self.inflight_groups + self.ready.len() < wanted {
-            let n = (wanted - self.inflight_groups - self.ready.len()).min(gps);
+        while self.inflight_ids.len() + self.ready.len() < wanted {
+            let n = (wanted - self.inflight_ids.len() - self.ready.len()).min(gps);
             let groups = next_groups(n, &mut self.retry, &mut self.ledger, self.cx.train, &mut self.cursor, self.version, metrics)?;
             self.dispatched_requests += 1;
-            self.inflight_groups += groups.len();
+            self.inflight_ids.extend(groups.iter().map(|(id, _)| *id));
             let (target, busy) = driver.pick().await?;
             let seed = recipe.seed.wrapping_mul(1_000_003).wrapping_add(self.dispatched_requests);
             let req = RolloutRequest { groups: groups.clone(), purpose: Purpose::Train, seed };
@@ -224,7 +240,8 @@ impl<'a> RlLoop<'a> {
                 self.cx.metrics.groups_dropped_total.with_label_values(&["uniform"]).inc();
                 self.uniform_dropped += 1;
             } else {
-                self.ready.push_back((now, g));
+                let at = self.ready.partition_point(|(_, r)| r.group.group_id < g.group.group_id);
+                self.ready.insert(at, (now, g));
             }
         }
         Ok(())
