@@ -75,6 +75,18 @@ fn lines(path: &Path) -> Vec<Value> {
     jsonl(path)
 }
 
+/// The run in one process (`one`) and across rollout processes (`two`) gave the same rollouts and losses, bit for bit.
+fn assert_same_run(one: &Path, two: &Path) {
+    for f in ["rollouts.jsonl", "eval_rollouts.jsonl"] {
+        let (x, y) = (std::fs::read(one.join(f)).unwrap(), std::fs::read(two.join(f)).unwrap());
+        assert!(!x.is_empty());
+        assert!(x == y, "{f} differs between one process and two rollout processes");
+    }
+    for k in ["loss", "grad_norm", "reward_mean", "entropy"] {
+        assert_eq!(column(one, k), column(two, k), "{k}: bit-identical");
+    }
+}
+
 fn column(run: &Path, key: &str) -> Vec<f64> {
     lines(&run.join("metrics.jsonl")).iter().map(|m| m[key].as_f64().unwrap()).collect()
 }
@@ -112,14 +124,7 @@ fn a_sync_run_is_identical_in_one_process_and_across_two_rollout_processes() {
     let names: Vec<&str> = status["processes"].as_array().unwrap().iter().map(|p| p["name"].as_str().unwrap()).collect();
     assert_eq!(names, ["local/main", "local/rollout-0", "local/rollout-1"]);
     assert!(b.join("logs/local_rollout-0.log").is_file());
-    for f in ["rollouts.jsonl", "eval_rollouts.jsonl"] {
-        let (x, y) = (std::fs::read(a.join(f)).unwrap(), std::fs::read(b.join(f)).unwrap());
-        assert!(!x.is_empty());
-        assert!(x == y, "{f} differs between one process and two rollout processes");
-    }
-    for k in ["loss", "grad_norm", "reward_mean", "entropy"] {
-        assert_eq!(column(&a, k), column(&b, k), "{k}: bit-identical");
-    }
+    assert_same_run(&a, &b);
     assert!(column(&a, "grad_norm").iter().all(|g| *g > 0.0), "the steps trained on something");
     assert_no_nodes_left(&b);
 }
@@ -153,14 +158,7 @@ fn one_step_off_across_two_rollout_processes_wastes_no_group_and_matches_one_pro
     let one = topology(tmp.path(), "one", r#"{ node = "local", actors = 2, process = "main" }"#, 1, here);
     let in_one = tmp.path().join("in-one");
     run_ok(&one, path.to_str().unwrap(), &in_one);
-    for f in ["rollouts.jsonl", "eval_rollouts.jsonl"] {
-        let (x, y) = (std::fs::read(in_one.join(f)).unwrap(), std::fs::read(run.join(f)).unwrap());
-        assert!(!x.is_empty());
-        assert!(x == y, "{f} differs between one process and two rollout processes");
-    }
-    for k in ["loss", "grad_norm", "reward_mean", "entropy"] {
-        assert_eq!(column(&in_one, k), column(&run, k), "{k}: bit-identical");
-    }
+    assert_same_run(&in_one, &run);
 }
 
 /// Every tensor of `model.safetensors` in two checkpoint directories, as float32 values.
