@@ -68,7 +68,11 @@ pub(super) async fn finish(driver: &mut Driver, rl: &RlLoop<'_>, policy: &Policy
     let (recipe, dir, metrics) = (cx.recipe, cx.dir, cx.metrics);
     let (step, version) = (rl.step, rl.version);
     write_status(status, dir, "eval", step, version, cx.fleet);
-    driver.publish(version, true).await?;
+    // The last step published this version and the RL loop awaited it (a
+    // process that missed it gets it before its next request): no second broadcast.
+    if driver.current != Some(version) {
+        driver.publish(version, true).await?;
+    }
     let eval = driver.evaluate(&policy.held_out, recipe.seed + 1, true).await?;
     let f = figures(&eval);
     let f_sampled = figures(&driver.evaluate(&policy.held_out, recipe.seed + 1, false).await?);
