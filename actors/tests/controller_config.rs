@@ -78,7 +78,12 @@ fn dev_2gpu_topology_generates_on_gpu0_and_trains_on_gpu1() {
     assert_eq!(p.processes[0].actors.iter().filter(|a| a.role == Role::Reward && a.device == Device::Cpu).count(), 2);
     let controls: Vec<u16> = p.processes.iter().map(|p| p.ports.control).collect();
     assert_eq!(controls, [29500, 29501, 29502]);
-    assert_eq!((p.learner_backend, p.weight_transport), (Backend::Nccl, WeightTransport::DataPlane));
+    // Learner rank 0 and the rollout actor on GPUs, each in its own process: weights go by NCCL.
+    assert_eq!((p.learner_backend, p.weight_transport), (Backend::Nccl, WeightTransport::Nccl));
+    assert!(p.processes.iter().all(|pr| !pr.env.contains_key("NCCL_HOSTID")), "one GPU per process: NCCL sees the real host");
+    // With --device cpu (the topology moved to the CPU) both are the CPU's.
+    let cpu = plan(&t.on_cpu());
+    assert_eq!((cpu.learner_backend, cpu.weight_transport), (Backend::Cpu, WeightTransport::DataPlane));
 }
 
 #[test]
@@ -118,6 +123,7 @@ fn h100x32_topology_places_16_rollout_gpus_16_learner_ranks_and_cpu_rewards() {
         assert_eq!(pr.env["RLMESH_DIST_BACKEND"], "nccl");
     }
     assert_eq!(p.master, "10.0.0.12:29400");
+    assert_eq!(p.weight_transport, WeightTransport::Nccl);
     assert_eq!(p.controller, "10.0.0.10:29500");
 
     // Ports are unique per host.
@@ -189,6 +195,11 @@ fn share_gpus_lets_roles_share_a_gpu_but_not_two_learner_ranks() {
     }
     let main = p.processes.iter().find(|pr| pr.name == "dev/main").unwrap();
     assert_eq!((main.cuda_ordinal(Role::Reward), main.env["CUDA_VISIBLE_DEVICES"].as_str()), (None, ""));
+    // Weights by NCCL between the two GPU processes, each with its own NCCL host id
+    // (NCCL refuses two ranks of one communicator on one GPU of one host); not the CPU process.
+    assert_eq!(p.weight_transport, WeightTransport::Nccl);
+    assert_eq!((rollout.env["NCCL_HOSTID"].as_str(), learner.env["NCCL_HOSTID"].as_str()), (rollout.name.as_str(), learner.name.as_str()));
+    assert!(!main.env.contains_key("NCCL_HOSTID"));
     // Two learner ranks may not share a GPU, even with share_gpus: NCCL refuses two ranks on one device.
     let text = edit(&read("deploy/dev-1gpu.toml"), "ranks = 1\nplacement = [{ node = \"dev\", gpus = [0] }]", "ranks = 2\nplacement = [{ node = \"dev\", gpus = [0] }, { node = \"dev\", gpus = [0] }]");
     assert!(

@@ -1,6 +1,6 @@
 //! Weight updates arrive digest-checked: a faithful image loads bit-for-bit, a
 //! corrupted one is refused and leaves the receiver's weights untouched.
-use rlmesh_actors::weight_sync::image::{apply, pack, WeightError};
+use rlmesh_actors::weight_sync::image::{apply, pack, DeviceImage, WeightError};
 use rlmesh_model::{ModelConfig, Transformer};
 use serde_json::json;
 use std::path::Path;
@@ -86,6 +86,96 @@ fn a_rollout_actor_refuses_and_counts_a_corrupted_version() {
         assert_eq!((ack.version, ack.digest), (7, update.digest));
         assert_eq!(metrics.weight_sync_digest_failures_total.get(), 1, "a faithful version is not counted");
         assert_eq!(metrics.weight_sync_received_bytes_total.get(), update.image.len() as u64);
+        // An image that arrived on the GPU (an NCCL receiver's; a CPU tensor here) with a
+        // bucket whose device digest differed is refused and counted the same way.
+        let mut on_device = pack(&model(5), 8);
+        let held = tch::Tensor::from_slice(&std::mem::take(&mut on_device.image));
+        on_device.on_device = Some(DeviceImage::new(held, Some((3, 0xaa, 0xbb))));
+        let refused = ractor::call!(actor, RolloutMsg::LoadWeights, on_device.clone()).unwrap();
+        assert!(refused.as_ref().is_err_and(|e| e.contains("v8: digest mismatch in bucket 3") && e.contains("refused")), "{refused:?}");
+        assert_eq!(metrics.weight_sync_digest_failures_total.get(), 2);
+        on_device.on_device = Some(DeviceImage::new(on_device.on_device.unwrap().bytes.lock().unwrap().shallow_clone(), None));
+        let ack = ractor::call!(actor, RolloutMsg::LoadWeights, on_device.clone()).unwrap().unwrap();
+        assert_eq!((ack.version, ack.digest), (8, on_device.digest));
+        assert_eq!(metrics.weight_sync_received_bytes_total.get(), (update.image.len() + on_device.buckets.len) as u64);
         actor.stop(None);
     });
+}
+
+fn free_addr() -> String {
+    let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    l.local_addr().unwrap().to_string()
+}
+
+/// The weight-sync group of three processes' members (threads here) on the
+/// loopback ring: rank 0's version reaches both receivers with its digests,
+/// and loads into a model exactly.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_weight_sync_group_broadcasts_a_version_along_the_ring() {
+    use rlmesh_actors::node::weights::{GroupSpec, WeightGroup};
+    let addr = free_addr();
+    let members: Vec<WeightGroup> = (0..3).map(|rank| WeightGroup::join(&GroupSpec { rank, world: 3, addr: addr.clone(), epoch: 0, nccl: false }, "test-cookie", None, None)).collect();
+    let update = pack(&model(3), 7);
+    let (a, b) = (members[1].receive(), members[2].receive());
+    let sent = members[0].send(update.clone()).wait().await.unwrap();
+    assert!(sent > 0.0);
+    for got in [a.wait().await.unwrap(), b.wait().await.unwrap()] {
+        assert_eq!((got.version, got.digest, &got.buckets, &got.image), (7, update.digest, &update.buckets, &update.image));
+        let receiver = model(4);
+        assert_eq!(apply(&receiver, &got).unwrap().digest, update.digest);
+        let seqs = vec![vec![2u32, 4, 6]];
+        assert_eq!(receiver.score(&seqs).unwrap(), model(3).score(&seqs).unwrap());
+    }
+}
+
+/// A group asked to move weights over NCCL where members cannot (here: no GPU)
+/// fails on every member at once, saying how many cannot and why, instead of
+/// leaving the others waiting in NCCL's bootstrap.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_nccl_weight_group_whose_members_cannot_use_nccl_fails_on_every_member() {
+    use rlmesh_actors::node::weights::{GroupSpec, WeightGroup};
+    let addr = free_addr();
+    let t = std::time::Instant::now();
+    let members: Vec<WeightGroup> = (0..3).map(|rank| WeightGroup::join(&GroupSpec { rank, world: 3, addr: addr.clone(), epoch: 0, nccl: true }, "test-cookie", None, None)).collect();
+    let (a, b) = (members[1].receive(), members[2].receive());
+    let errors = [members[0].send(pack(&model(3), 1)).wait().await.unwrap_err(), a.wait().await.unwrap_err(), b.wait().await.unwrap_err()];
+    for (rank, e) in errors.iter().enumerate() {
+        assert!(e.contains(&format!("rank {rank}")) && e.contains("3 of 3 members cannot use NCCL") && e.contains("computes on the CPU"), "{e}");
+    }
+    assert!(t.elapsed() < std::time::Duration::from_secs(30), "failed at once, not after the group's timeout: {:?}", t.elapsed());
+}
+
+/// The path an NCCL receiver takes, on the CPU: the image in a `Uint8` tensor
+/// (there on the GPU, checked bucket by bucket as it arrived) loads through
+/// views into it, exactly; a malformed image is refused by name, never a panic.
+#[test]
+fn an_image_held_in_a_tensor_loads_exactly_and_a_malformed_one_is_refused() {
+    use rlmesh_actors::weight_sync::image::load_tensor;
+    let (sender, receiver) = (model(5), model(6));
+    let seqs = vec![vec![3u32, 1, 4, 1, 5]];
+    let mut update = pack(&sender, 9);
+    let held = tch::Tensor::from_slice(&update.image);
+    update.on_device = Some(DeviceImage::new(held.shallow_clone(), None));
+    let image = std::mem::take(&mut update.image);
+    let ack = apply(&receiver, &update).unwrap();
+    assert_eq!((ack.version, ack.digest), (9, update.digest));
+    assert_eq!(receiver.score(&seqs).unwrap(), sender.score(&seqs).unwrap());
+
+    let fresh = model(7);
+    let before = fresh.score(&seqs).unwrap();
+    let n = u64::from_le_bytes(image[..8].try_into().unwrap()) as usize;
+    let refuse = |bytes: Vec<u8>, want: &str| {
+        let e = load_tensor(&fresh, &tch::Tensor::from_slice(&bytes), 9, 0).unwrap_err().to_string();
+        assert!(e.starts_with("weight update v9: ") && e.contains(want), "{want}: {e}");
+    };
+    refuse(image[..5].to_vec(), "has no safetensors header");
+    refuse(image[..8 + n / 2].to_vec(), "safetensors header of");
+    refuse(image[..image.len() - 4].to_vec(), "past the image's");
+    refuse([&image[..], &[0u8; 8]].concat(), "the image at");
+    let header = String::from_utf8(image[8..8 + n].to_vec()).unwrap();
+    refuse([&image[..8], header.replacen("F32", "I32", 1).as_bytes(), &image[8 + n..]].concat(), "is not the next float32 tensor");
+    let mut garbled = image.clone();
+    garbled[8] = b'[';
+    refuse(garbled, "safetensors header:");
+    assert_eq!(fresh.score(&seqs).unwrap(), before, "a refused image changes nothing");
 }

@@ -15,6 +15,9 @@
 //! - `RLMESH_LISTEN_ALL=1` — only with `[network] listen_all`: listen on every
 //!   interface (otherwise every listener binds `RLMESH_HOST`);
 //! - `RLMESH_HEARTBEAT_S`, `RLMESH_DEADLINE_S` — only where `[faults]` changes them;
+//! - `NCCL_HOSTID` — its name, only for a process with GPUs on a node with
+//!   `share_gpus` (NCCL refuses two ranks of one communicator on one GPU of
+//!   one host, so processes sharing a GPU pose as different hosts);
 //!
 //! and of a learner's process: `RLMESH_RANK`, `RLMESH_WORLD_SIZE`,
 //! `RLMESH_MASTER_ADDR`, `RLMESH_MASTER_PORT` (learner rank 0's host and
@@ -61,15 +64,19 @@ pub enum Backend {
 
 /// How new weights reach the rollout actors.
 ///
-/// This build has one transport, on CPUs and GPUs alike: the version's bytes,
-/// digest-checked, over the data plane (shared memory within a process); GPU
-/// actors copy them from and to their device. An NCCL broadcast between GPU
-/// processes is not built yet.
+/// Both broadcast each version from learner rank 0 (or the controller, when
+/// the learner is in its process) to the weight-sync group of rollout
+/// processes, digest-checked per bucket by every receiver.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
 pub enum WeightTransport {
-    /// Shards over the data plane.
+    /// The version's bytes on the host, along `comm`'s TCP ring (shared memory
+    /// when every member is on one host; a message within one process).
     DataPlane,
+    /// Learner rank 0 and every rollout actor are on GPUs, each in its own
+    /// process: the image goes GPU to GPU by NCCL broadcast, the per-bucket
+    /// digests computed on the GPUs.
+    Nccl,
 }
 
 impl fmt::Display for Backend {
@@ -85,6 +92,7 @@ impl fmt::Display for WeightTransport {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.write_str(match self {
             WeightTransport::DataPlane => "data_plane",
+            WeightTransport::Nccl => "nccl",
         })
     }
 }
@@ -159,7 +167,12 @@ pub fn plan(topology: &Topology) -> Plan {
     let learners: Vec<_> = slots.iter().filter(|s| s.role == Role::Learner).collect();
     let on_gpu = |role: Role| slots.iter().filter(|s| s.role == role).all(|s| s.device != Device::Cpu);
     let learner_backend = if on_gpu(Role::Learner) { Backend::Nccl } else { Backend::Cpu };
-    let weight_transport = WeightTransport::DataPlane;
+    // NCCL for weights needs a GPU at both ends and learner rank 0 outside the
+    // controller's process (GPU actors never run there).
+    let controller_slot = slots.iter().find(|s| s.role == Role::Controller).map(|s| (s.node.clone(), process_name(s)));
+    let rank0_on_gpu = learners.iter().any(|l| l.rank == 0 && l.device != Device::Cpu && Some((l.node.clone(), process_name(l))) != controller_slot);
+    let any_rollout = slots.iter().any(|s| s.role == Role::Rollout);
+    let weight_transport = if any_rollout && on_gpu(Role::Rollout) && rank0_on_gpu { WeightTransport::Nccl } else { WeightTransport::DataPlane };
     let master_host = learners.first().map_or_else(String::new, |l| host_of(&l.node));
     let master = format!("{master_host}:{}", topology.ports.master);
     let (controller_name, controller) = processes
@@ -193,6 +206,12 @@ pub fn plan(topology: &Topology) -> Plan {
             env.insert("RLMESH_LISTEN_ALL".to_string(), "1".to_string());
         }
         env.extend(topology.faults.env());
+        // NCCL refuses two ranks of one communicator on one GPU; where processes
+        // share GPUs, each gets its own NCCL host id, so NCCL treats them as
+        // different hosts (and moves bytes over its network transport).
+        if !p.gpus().is_empty() && index.get(p.node.as_str()).is_some_and(|n| n.share_gpus) {
+            env.insert("NCCL_HOSTID".to_string(), p.name.clone());
+        }
         p.command = if roles.contains(&Role::Controller) { vec!["launcher".into(), "up".into()] } else { vec!["launcher".into(), "node".into()] };
         p.roles = roles;
         if let Some(l) = p.actors.iter().find(|a| a.role == Role::Learner) {

@@ -32,7 +32,7 @@ use super::publisher::{Publisher, Root};
 use super::{Outboxes, RefusalMirror};
 use crate::controller::supervisor::RolloutSlots;
 use crate::metrics::Metrics;
-use crate::controller::plan::{Plan, Process as Planned};
+use crate::controller::plan::{Plan, Process as Planned, WeightTransport};
 use crate::controller::status::ProcessEntry;
 use crate::controller::topology::Role;
 use crate::learner::actor::LearnerMsg;
@@ -315,7 +315,7 @@ impl Fleet {
     /// lines, for the run's progress log).
     pub async fn host(&self, roles: &RoleSetup, say: Say, metrics: Arc<Metrics>) -> Result<Hosted, String> {
         let core = &self.core;
-        let (learner_ranks, rollout_members, root, waits, group_addr, world) = {
+        let (learner_ranks, rollout_members, root, waits, group_addr, world, nccl) = {
             let mut members = core.members.lock().expect("members lock");
             let cpus = split_cores(&members);
             let learner_ranks = members.iter().filter(|m| has(&m.planned, Role::Learner)).count();
@@ -325,6 +325,8 @@ impl Fleet {
             let master_port: u16 = self.plan.master.rsplit(':').next().and_then(|p| p.parse().ok()).unwrap_or(29400);
             let group_addr = format!("{}:{}", root.map_or(&self.me.host, |r| &members[r].planned.host), master_port.wrapping_add(1));
             let world = rollout_members.len() as u32 + 1;
+            // The image goes GPU to GPU over NCCL when the plan says so (a GPU learner rank 0 and GPU rollout processes).
+            let nccl = self.plan.weight_transport == WeightTransport::Nccl;
             let group_rank = |i: usize| -> Option<u32> {
                 if rollout_members.is_empty() {
                     None
@@ -353,17 +355,17 @@ impl Fleet {
                     rollout: has(p, Role::Rollout).then(|| RolloutSetup { cuda: p.cuda_ordinal(Role::Rollout), ..roles.rollout.clone() }),
                     reward: has(p, Role::Reward).then(|| roles.reward.clone()),
                     learner,
-                    weights: group_rank(i).map(|rank| GroupSpec { rank, world, addr: group_addr.clone(), epoch: 0 }),
+                    weights: group_rank(i).map(|rank| GroupSpec { rank, world, addr: group_addr.clone(), epoch: 0, nccl }),
                 };
                 let rx = core.expect(&[&p.name], (SETUP_ID, i as u32));
                 core.tx.send(&p.name, &ControlMsg::Setup(Json::of(&setup))).map_err(|e| format!("{}: {e}", p.name))?;
                 m.setup = Some(setup);
                 waits.push((i, p.name.clone(), m.log.clone(), rx));
             }
-            (learner_ranks, rollout_members, root, waits, group_addr, world)
+            (learner_ranks, rollout_members, root, waits, group_addr, world, nccl)
         };
         // The controller is the group's root when the learner is in its process.
-        let own = (root.is_none() && !rollout_members.is_empty()).then(|| WeightGroup::join(&GroupSpec { rank: 0, world, addr: group_addr.clone(), epoch: 0 }, &core.cookie, core.listen));
+        let own = (root.is_none() && !rollout_members.is_empty()).then(|| WeightGroup::join(&GroupSpec { rank: 0, world, addr: group_addr.clone(), epoch: 0, nccl: false }, &core.cookie, core.listen, None));
         for (_, name, log, rx) in waits {
             ready(rx, &name, &log).await?;
         }
@@ -406,7 +408,7 @@ impl Fleet {
                 (None, Some((process, data))) => Root::Learner { process, data },
                 (None, None) => unreachable!("a group has a root"),
             };
-            Publisher::new(core.clone(), root, group_addr, rollout_members.len())
+            Publisher::new(core.clone(), root, group_addr, nccl, rollout_members.len())
         });
         let launchers: HashMap<String, Launcher> = if self.spec.external {
             HashMap::new()

@@ -27,6 +27,7 @@ pub mod link;
 pub mod proxies;
 pub mod publisher;
 pub mod serve;
+mod nccl_weights;
 pub mod weights;
 pub mod wire;
 

@@ -37,6 +37,8 @@ pub struct Publisher {
     root: Arc<Root>,
     /// Rank 0's rendezvous.
     addr: String,
+    /// The image goes over NCCL (every member on a GPU).
+    nccl: bool,
     state: Arc<Mutex<GroupState>>,
     /// One forming at a time (the keeper forms it when a member is lost, the driver before a version).
     forming: Arc<tokio::sync::Mutex<()>>,
@@ -45,9 +47,9 @@ pub struct Publisher {
 impl Publisher {
     /// The sender for a group rooted at `root` (rendezvous `addr`) over the
     /// `members` rollout processes, as first formed (epoch 0, every slot).
-    pub(super) fn new(core: Arc<Core>, root: Root, addr: String, members: usize) -> Publisher {
+    pub(super) fn new(core: Arc<Core>, root: Root, addr: String, nccl: bool, members: usize) -> Publisher {
         let state = GroupState { epoch: 0, members: (0..members).collect(), broken: false };
-        Publisher { core, root: Arc::new(root), addr, state: Arc::new(Mutex::new(state)), forming: Arc::default() }
+        Publisher { core, root: Arc::new(root), addr, nccl, state: Arc::new(Mutex::new(state)), forming: Arc::default() }
     }
 
     /// Does the controller hold the weights it sends (the learner is in its process)?
@@ -85,7 +87,7 @@ impl Publisher {
         }
         let routes = core.routes.get().ok_or("the group has no routes yet")?;
         let world = live.len() as u32 + 1;
-        let spec = |rank: u32| GroupSpec { rank, world, addr: self.addr.clone(), epoch };
+        let spec = |rank: u32| GroupSpec { rank, world, addr: self.addr.clone(), epoch, nccl: self.nccl };
         eprintln!("[fleet] weight-sync group: forming epoch {epoch} with {} rollout process(es)", live.len());
         for (k, &i) in live.iter().enumerate() {
             let p = &routes[i].process;
@@ -93,7 +95,7 @@ impl Publisher {
         }
         match &*self.root {
             Root::Controller(g) => {
-                let old = std::mem::replace(&mut *g.lock().expect("group lock"), Arc::new(WeightGroup::join(&spec(0), &core.cookie, core.listen)));
+                let old = std::mem::replace(&mut *g.lock().expect("group lock"), Arc::new(WeightGroup::join(&spec(0), &core.cookie, core.listen, None)));
                 if abort {
                     old.abort();
                 }

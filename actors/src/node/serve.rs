@@ -125,6 +125,8 @@ struct Hosted {
     listen: Option<IpAddr>,
     /// This process's name (`node/process`).
     process: String,
+    /// The GPU of its weight-sync member (its learner's, else its rollout actor's), if any.
+    cuda: Option<usize>,
 }
 
 /// A version rank 0 broadcasts: its call, the snapshot to come, and the group to send it to.
@@ -267,6 +269,7 @@ pub async fn serve() -> Result<(), String> {
 async fn host(hosted: &mut Hosted, s: NodeSetup, cookie: &str, tx: &ControlSender<ControlMsg>, controller: &str, outboxes: &Outboxes, metrics: &Metrics) -> Result<(), String> {
     pin_process(&s.cpus)?;
     hosted.controller_data = s.controller_data.clone();
+    hosted.cuda = s.learner.as_ref().and_then(|l| l.cuda).or(s.rollout.as_ref().and_then(|r| r.cuda));
     if let Some(spec) = &s.weights {
         regroup(hosted, spec, false, cookie);
     }
@@ -362,7 +365,7 @@ impl Hosted {
 /// done or fails; with `abort`, at once) and joins it at `spec`'s epoch.
 fn regroup(hosted: &Hosted, spec: &GroupSpec, abort: bool, cookie: &str) {
     eprintln!("[node] weight-sync group: joining epoch {} as rank {} of {}{}", spec.epoch, spec.rank, spec.world, if abort { " (the old one aborted)" } else { "" });
-    let old = hosted.weights.lock().expect("weights lock").replace(Arc::new(WeightGroup::join(spec, cookie, hosted.listen)));
+    let old = hosted.weights.lock().expect("weights lock").replace(Arc::new(WeightGroup::join(spec, cookie, hosted.listen, hosted.cuda)));
     if let (Some(old), true) = (old, abort) {
         old.abort();
     }

@@ -9,8 +9,10 @@
 //! when its rollout actor loads the version, between two requests. On CPU the
 //! collective is `comm`'s TCP ring (every byte crosses each process once,
 //! pipelined in blocks, or one shared-memory segment when every member is on
-//! one host); with GPUs it is meant to be NCCL with rank 0's id sent over the
-//! control plane (not built yet).
+//! one host). When every member computes on a GPU (the plan's `nccl` weight
+//! transport) the image goes by NCCL from GPU to GPU instead, with rank 0's
+//! id sent over the ring ([`super::nccl_weights`]).
+use super::nccl_weights::NcclLink;
 use crate::weight_sync::image::{Arrived, WeightUpdate};
 use rlmesh_comm::digest::{BucketDigests, BucketHasher};
 use rlmesh_comm::cpu::RingAbort;
@@ -39,6 +41,9 @@ pub struct GroupSpec {
     /// cookie, so a straggler of an earlier one is refused at the rendezvous.
     #[serde(default)]
     pub epoch: u32,
+    /// Every member computes on a GPU: the image goes over NCCL.
+    #[serde(default)]
+    pub nccl: bool,
 }
 
 impl GroupSpec {
@@ -51,13 +56,22 @@ impl GroupSpec {
 /// Longest wait on one read or write of the group's collective: a member
 /// that is gone without closing its sockets (a lost host) fails the
 /// broadcast after this, and the group is formed again without it.
-const GROUP_TIMEOUT: Duration = Duration::from_secs(120);
+pub(super) const GROUP_TIMEOUT: Duration = Duration::from_secs(120);
 
+/// What rank 0 says about a version before its image: sent over the ring.
 #[derive(Serialize, Deserialize)]
-struct Header {
-    version: u64,
-    digest: u64,
-    buckets: BucketDigests,
+pub(super) struct Header {
+    pub(super) version: u64,
+    pub(super) digest: u64,
+    pub(super) buckets: BucketDigests,
+    /// Over NCCL: WordMix64 of each bucket as rank 0's GPU holds it (empty on the ring).
+    pub(super) device_digests: Vec<u64>,
+}
+
+/// A member's collective: the CPU ring, or NCCL beside it.
+enum Link {
+    Ring(RingComm),
+    Nccl(Box<NcclLink>),
 }
 
 enum Job {
@@ -82,21 +96,33 @@ struct Abort {
 impl WeightGroup {
     /// Joins the group on a new thread (the rendezvous waits for every member
     /// there); this member's ring listener binds `bind` (its host's address).
-    pub fn join(spec: &GroupSpec, cookie: &str, bind: Option<std::net::IpAddr>) -> WeightGroup {
+    /// `cuda`: this member's GPU, for a group whose image goes over NCCL.
+    pub fn join(spec: &GroupSpec, cookie: &str, bind: Option<std::net::IpAddr>, cuda: Option<usize>) -> WeightGroup {
         let (tx, rx) = mpsc::channel::<Job>();
         let cfg = RingConfig::new(spec.rank as usize, spec.world as usize, spec.addr.clone()).cookie(spec.cookie(cookie)).timeout(GROUP_TIMEOUT).connect_timeout(GROUP_TIMEOUT).bind(bind);
-        let (rank, epoch) = (spec.rank, spec.epoch);
+        let (rank, epoch, nccl) = (spec.rank, spec.epoch, spec.nccl);
         let abort = Arc::new(Abort::default());
         let aborts = abort.clone();
         std::thread::Builder::new()
             .name(format!("weights-{rank}"))
             .spawn(move || {
-                let mut comm = RingComm::connect(cfg).map_err(|e| format!("weight-sync group (epoch {epoch}), rank {rank}: {e}"));
+                let failed = |e: String| format!("weight-sync group (epoch {epoch}), rank {rank}: {e}");
+                let mut comm = RingComm::connect(cfg).map_err(|e| failed(e.to_string())).and_then(|c| {
+                    *aborts.handle.lock().expect("abort lock") = c.abort_handle().ok();
+                    if nccl {
+                        NcclLink::form(c, cuda).map(|l| Link::Nccl(Box::new(l))).map_err(failed)
+                    } else {
+                        Ok(Link::Ring(c))
+                    }
+                });
                 if let Ok(c) = &comm {
-                    let how = if c.shares_memory() { "through shared memory (every member on this host)" } else { "along the TCP ring" };
+                    let how = match c {
+                        Link::Nccl(_) => "over NCCL, GPU to GPU",
+                        Link::Ring(c) if c.shares_memory() => "through shared memory (every member on this host)",
+                        Link::Ring(_) => "along the TCP ring",
+                    };
                     let verb = if rank == 0 { "sends" } else { "receives" };
                     eprintln!("[weights] group epoch {epoch} formed: rank {rank} {verb} versions {how}");
-                    *aborts.handle.lock().expect("abort lock") = c.abort_handle().ok();
                     if aborts.asked.load(Ordering::SeqCst) {
                         comm = Err(format!("the weight-sync group (epoch {epoch}) was aborted"));
                     }
@@ -112,13 +138,19 @@ impl WeightGroup {
                             None
                         }
                         (Ok(c), Job::Send(update, done)) => {
-                            let out = send(c, update);
+                            let out = match c {
+                                Link::Ring(c) => send(c, update),
+                                Link::Nccl(l) => l.send(update),
+                            };
                             let failed = out.as_ref().err().cloned();
                             let _ = done.send(out);
                             failed
                         }
                         (Ok(c), Job::Receive(done)) => {
-                            let out = receive(c);
+                            let out = match c {
+                                Link::Ring(c) => receive(c),
+                                Link::Nccl(l) => l.receive(),
+                            };
                             let failed = out.as_ref().err().cloned();
                             let _ = done.send(out);
                             failed
@@ -178,24 +210,20 @@ impl<T> Pending<T> {
     }
 }
 
-fn send(c: &mut RingComm, update: WeightUpdate) -> Result<f64, String> {
-    let t0 = Instant::now();
-    let header = bincode::serde::encode_to_vec(Header { version: update.version, digest: update.digest, buckets: update.buckets.clone() }, bincode::config::standard())
-        .map_err(|e| format!("weight header: {e}"))?;
+/// Rank 0: a version's header, as one fixed-size broadcast over the ring.
+pub(super) fn send_header(c: &mut RingComm, header: &Header) -> Result<(), String> {
+    let header = bincode::serde::encode_to_vec(header, bincode::config::standard()).map_err(|e| format!("weight header: {e}"))?;
     if header.len() + 8 > HEADER_BYTES {
         return Err(format!("weight header of {} bytes exceeds {HEADER_BYTES}", header.len()));
     }
     let mut h = vec![0u8; HEADER_BYTES];
     h[..8].copy_from_slice(&(header.len() as u64).to_le_bytes());
     h[8..8 + header.len()].copy_from_slice(&header);
-    c.broadcast_bytes_with(&mut h, 0, &mut |_| ()).map_err(|e| format!("weight header broadcast: {e}"))?;
-    // Rank 0 digested the image when it packed it.
-    let mut image = update.image;
-    c.broadcast_bytes_with(&mut image, 0, &mut |_| ()).map_err(|e| format!("weight broadcast v{}: {e}", update.version))?;
-    Ok(t0.elapsed().as_secs_f64())
+    c.broadcast_bytes_with(&mut h, 0, &mut |_| ()).map_err(|e| format!("weight header broadcast: {e}"))
 }
 
-fn receive(c: &mut RingComm) -> Result<WeightUpdate, String> {
+/// Any other rank: the next header, decoded within its bounds.
+pub(super) fn receive_header(c: &mut RingComm) -> Result<Header, String> {
     let mut h = vec![0u8; HEADER_BYTES];
     c.broadcast_bytes_with(&mut h, 0, &mut |_| ()).map_err(|e| format!("weight header broadcast: {e}"))?;
     let n = u64::from_le_bytes(h[..8].try_into().expect("8 bytes")) as usize;
@@ -207,10 +235,24 @@ fn receive(c: &mut RingComm) -> Result<WeightUpdate, String> {
     if header.buckets.len > (1usize << 40) {
         return Err(format!("weight header claims {} bytes of weights", header.buckets.len));
     }
+    Ok(header)
+}
+
+fn send(c: &mut RingComm, update: WeightUpdate) -> Result<f64, String> {
+    let t0 = Instant::now();
+    send_header(c, &Header { version: update.version, digest: update.digest, buckets: update.buckets.clone(), device_digests: vec![] })?;
+    // Rank 0 digested the image when it packed it.
+    let mut image = update.image;
+    c.broadcast_bytes_with(&mut image, 0, &mut |_| ()).map_err(|e| format!("weight broadcast v{}: {e}", update.version))?;
+    Ok(t0.elapsed().as_secs_f64())
+}
+
+fn receive(c: &mut RingComm) -> Result<WeightUpdate, String> {
+    let header = receive_header(c)?;
     let mut image = vec![0u8; header.buckets.len];
     // Each piece is hashed as it is copied in, while it is in cache.
     let mut hasher = BucketHasher::new(header.buckets.bucket_bytes);
     c.broadcast_digested(&mut image, 0, &mut hasher).map_err(|e| format!("weight broadcast v{}: {e}", header.version))?;
     let arrived = Arrived { seconds: hasher.seconds(), digests: hasher.finish() };
-    Ok(WeightUpdate { version: header.version, digest: header.digest, buckets: header.buckets, image, arrived: Some(arrived) })
+    Ok(WeightUpdate { version: header.version, digest: header.digest, buckets: header.buckets, image, arrived: Some(arrived), on_device: None })
 }

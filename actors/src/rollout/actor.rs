@@ -183,7 +183,7 @@ impl Actor for RolloutActor {
                         let ack = load(&d.model, &update, received).map_err(|e| e.to_string())?;
                         phase("load", t, 0.0);
                         if let Some(m) = &metrics {
-                            m.weight_sync_received_bytes_total.inc_by(update.image.len() as u64);
+                            m.weight_sync_received_bytes_total.inc_by(update.buckets.len as u64);
                             m.policy_version.with_label_values(&[&actor]).set(ack.version as f64);
                         }
                         d.version = ack.version;

@@ -2,11 +2,18 @@
 //! digests ([`WeightUpdate`]), packed from the learner's model ([`pack`]),
 //! checked by every receiver before it loads a byte ([`verify`], naming the
 //! bucket whose bytes changed) and loaded into a rollout model ([`load`]).
+//!
+//! Loading reads the image through one function, [`load_tensor`], whether its
+//! bytes are in host memory (a view, not a copy) or already on the rollout
+//! actor's GPU (an NCCL receiver's [`DeviceImage`]): the tensors are views into
+//! the image, copied into the model's parameters.
 use rlmesh_comm::digest::BucketDigests;
 use rlmesh_model::Transformer;
+use safetensors::tensor::{Dtype, Metadata};
 use serde::{Deserialize, Serialize};
 use std::collections::HashMap;
-use tch::{Kind, Tensor};
+use std::sync::{Arc, Mutex};
+use tch::{Device, Kind, Tensor};
 
 /// Bucket size of a weight image's digests (and of its transfer across processes).
 pub const WEIGHT_BUCKET_BYTES: usize = 8 << 20;
@@ -27,6 +34,42 @@ pub struct WeightUpdate {
     /// that checking it need not read the image again. Never sent.
     #[serde(skip)]
     pub arrived: Option<Arrived>,
+    /// The image already on this process's GPU, every bucket's digest computed
+    /// there as it arrived and compared with the sender's (an NCCL receiver);
+    /// `image` is then empty. Never sent.
+    #[serde(skip)]
+    pub on_device: Option<DeviceImage>,
+}
+
+/// A weight image in a 1-D `Uint8` tensor on a GPU (shared by the clones of
+/// its update), with the outcome of its receiver's digest check there.
+#[derive(Clone)]
+pub struct DeviceImage {
+    /// The image's bytes.
+    pub bytes: Arc<Mutex<Tensor>>,
+    /// The first bucket whose device digest differed from the sender's:
+    /// (bucket, sent, received). [`verify`] refuses the version then.
+    pub mismatch: Option<(usize, u64, u64)>,
+}
+
+impl DeviceImage {
+    /// Wraps a 1-D `Uint8` tensor holding exactly the image's bytes, and its check.
+    pub fn new(t: Tensor, mismatch: Option<(usize, u64, u64)>) -> DeviceImage {
+        DeviceImage { bytes: Arc::new(Mutex::new(t)), mismatch }
+    }
+}
+
+impl PartialEq for DeviceImage {
+    fn eq(&self, other: &DeviceImage) -> bool {
+        Arc::ptr_eq(&self.bytes, &other.bytes) && self.mismatch == other.mismatch
+    }
+}
+
+impl std::fmt::Debug for DeviceImage {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let t = self.bytes.lock().expect("device image lock");
+        write!(f, "DeviceImage({} bytes on {:?}, mismatch {:?})", t.numel(), t.device(), self.mismatch)
+    }
 }
 
 /// Digests computed of an image while it arrived, and the seconds they took.
@@ -80,7 +123,7 @@ pub fn pack(model: &Transformer, version: u64) -> WeightUpdate {
     let vars: Vec<(String, Tensor)> = model.vs.variables().into_iter().map(|(n, t)| (n, t.detach().to_kind(Kind::Float))).collect();
     let image = rlmesh_model::io::safetensors_bytes(&vars, None).expect("float32 tensors serialise");
     let buckets = BucketDigests::of(&image, WEIGHT_BUCKET_BYTES);
-    WeightUpdate { version, digest: buckets.combined(), buckets, image, arrived: None }
+    WeightUpdate { version, digest: buckets.combined(), buckets, image, arrived: None, on_device: None }
 }
 
 /// Verify and load an update into a model.
@@ -92,7 +135,17 @@ pub fn apply(model: &Transformer, update: &WeightUpdate) -> Result<WeightAck, We
 /// Checks every bucket's digest of the update against the sender's (hashing
 /// the image unless its digests were computed as it arrived, in buckets of the
 /// sender's size); returns the combined digest.
+///
+/// An image already on the GPU was digested there as it arrived, bucket by
+/// bucket; it is refused, naming the bucket, if one differed from the sender's,
+/// and otherwise stands verified with the sender's digest.
 pub fn verify(update: &WeightUpdate) -> Result<u64, WeightError> {
+    if let Some(dev) = &update.on_device {
+        return match dev.mismatch {
+            Some((bucket, sent, received)) => Err(WeightError::Digest { version: update.version, bucket, sent, received }),
+            None => Ok(update.digest),
+        };
+    }
     let ours = match &update.arrived {
         Some(a) if a.digests.bucket_bytes == update.buckets.bucket_bytes && a.digests.len == update.image.len() => a.digests.clone(),
         _ => BucketDigests::of(&update.image, update.buckets.bucket_bytes),
@@ -106,14 +159,65 @@ pub fn verify(update: &WeightUpdate) -> Result<u64, WeightError> {
 
 /// Loads a verified update (`received`: its digest, from [`verify`]) into a model.
 pub fn load(model: &Transformer, update: &WeightUpdate, received: u64) -> Result<WeightAck, WeightError> {
-    let st = safetensors::SafeTensors::deserialize(&update.image)
-        .map_err(|e| WeightError::Image { version: update.version, message: e.to_string() })?;
+    if let Some(dev) = &update.on_device {
+        return load_tensor(model, &dev.bytes.lock().expect("device image lock"), update.version, received);
+    }
+    // SAFETY: the tensor views `update.image`, which outlives it; `load_tensor`
+    // only reads it, and every copy out of it has finished when it returns.
+    let image = unsafe { Tensor::from_blob(update.image.as_ptr(), &[update.image.len() as i64], &[1], Kind::Uint8, Device::Cpu) };
+    load_tensor(model, &image, update.version, received)
+}
+
+/// The longest safetensors header a weight image may have.
+const MAX_HEADER_BYTES: usize = 100 << 20;
+
+/// Loads a safetensors image held in a 1-D `Uint8` tensor, on the host or on
+/// the model's GPU, into the model: its header is read on the host, every
+/// tensor is a float32 view into the image, copied into its parameter.
+/// The layout is checked as `safetensors` checks a file (tensors back to back,
+/// sizes matching shapes, the data ending where the image ends).
+pub fn load_tensor(model: &Transformer, image: &Tensor, version: u64, received: u64) -> Result<WeightAck, WeightError> {
+    let bad = |message: String| WeightError::Image { version, message };
+    let total = image.numel();
+    if total < 8 {
+        return Err(bad(format!("an image of {total} bytes has no safetensors header")));
+    }
+    let n = u64::from_le_bytes(host_bytes(&image.narrow(0, 0, 8)).try_into().expect("8 bytes")) as usize;
+    if n > MAX_HEADER_BYTES || n > total - 8 {
+        return Err(bad(format!("safetensors header of {n} bytes in an image of {total}")));
+    }
+    let meta: Metadata = serde_json::from_slice(&host_bytes(&image.narrow(0, 8, n as i64))).map_err(|e| bad(format!("safetensors header: {e}")))?;
+    let data = 8 + n;
+    let mut infos: Vec<_> = meta.tensors().into_iter().collect();
+    infos.sort_by_key(|(_, info)| info.data_offsets);
+    let mut end = 0usize;
     let mut map = HashMap::new();
-    for (name, view) in st.tensors() {
-        let shape: Vec<i64> = view.shape().iter().map(|&d| d as i64).collect();
-        let t = Tensor::f_from_data_size(view.data(), &shape, Kind::Float).map_err(rlmesh_model::ModelError::from)?;
-        map.insert(name, t);
+    for (name, info) in infos {
+        let (s, e) = info.data_offsets;
+        let bytes = info.shape.iter().try_fold(4usize, |a, &d| a.checked_mul(d));
+        if info.dtype != Dtype::F32 || s != end || e < s || bytes != Some(e - s) {
+            return Err(bad(format!("tensor {name:?}: {:?} {:?} at bytes {s}..{e} is not the next float32 tensor (after byte {end})", info.dtype, info.shape)));
+        }
+        if data + e > total {
+            return Err(bad(format!("tensor {name:?} ends at byte {}, past the image's {total}", data + e)));
+        }
+        end = e;
+        let shape: Vec<i64> = info.shape.iter().map(|&d| d as i64).collect();
+        let t = image.f_narrow(0, (data + s) as i64, (e - s) as i64).and_then(|t| t.f_view_dtype(Kind::Float)).and_then(|t| t.f_reshape(&shape));
+        map.insert(name, t.map_err(|e| bad(format!("a view into the image: {e}")))?);
+    }
+    if data + end != total {
+        return Err(bad(format!("the tensors end at byte {}, the image at {total}", data + end)));
     }
     model.copy_from(std::path::Path::new("<weight update>"), &map)?;
-    Ok(WeightAck { version: update.version, digest: received })
+    Ok(WeightAck { version, digest: received })
+}
+
+/// The bytes of a small 1-D `Uint8` tensor, on the host.
+fn host_bytes(t: &Tensor) -> Vec<u8> {
+    let t = t.to_device(Device::Cpu);
+    let n = t.numel();
+    let mut out = vec![0u8; n];
+    t.copy_data_u8(&mut out, n);
+    out
 }

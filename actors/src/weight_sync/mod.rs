@@ -1,11 +1,13 @@
 //! The weight-sync actor: moves each new policy version from the learner to
 //! every rollout actor.
 //!
-//! On CPU the weights travel as a safetensors image in a message (the data
-//! plane); on GPUs the same versioned protocol would carry an NCCL broadcast.
-//! Every receiver checks the image's per-bucket XXH3 digests
-//! (`rlmesh_comm::digest`) before loading it, refusing a version whose bytes
-//! changed and naming the bucket, and reports the version it now holds.
+//! Within one process the weights travel as a safetensors image in a message;
+//! across processes the weight-sync group (`node::weights`) broadcasts the
+//! same image, along a CPU ring or, between GPUs, by NCCL. Every receiver
+//! checks the image's per-bucket digests (`rlmesh_comm::digest`; on a GPU the
+//! device kernel of `rlmesh_comm::device_digest`) before loading it, refusing
+//! a version whose bytes changed and naming the bucket, and reports the
+//! version it now holds.
 //!
 //! [`image`] is the version as it travels and how a receiver checks and loads it.
 pub mod image;
