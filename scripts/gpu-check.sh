@@ -13,6 +13,11 @@
 #      timed against a device-to-device copy of the same 256 MiB
 #   3. gpu_check make-models: a tiny Qwen2 and a SmolLM2-135M-shaped model with random weights
 #      (SmolLM2's 538 MB of weights cannot be carried to the machine)
+#   3b. gpu_check nccl-pair: two NCCL ranks on the one GPU (a host id each): results, bandwidth, a
+#       stalled peer's timeout and abort, the group rebuilt, a learner step on it
+#   3c. scripts/gpu-pipeline-check.sh: launcher up deploy/dev-1gpu.toml, weights over NCCL
+#   3d. gpu_check weight-sync: the weight-sync group between two processes at SmolLM2 size,
+#       the host path and NCCL, parameters bit-identical after
 #   4. gpu_check nccl-learner: NcclComm on libtorch CUDA tensors in one process with libtorch, and a CUDA
 #      f32 learner step with the NCCL gradient all-reduce vs the same step without a communicator
 #   5. gpu_check greedy-match: CUDA f32 greedy tokens == CPU f32 greedy tokens (tiny model)
@@ -46,6 +51,11 @@ for l in sys.stdin:
   strip -o "$BIN/nccl_gpu" "$exe"
   cargo build --release -p launcher
   strip -o "$BIN/launcher" "$TD/release/launcher"
+  # The pipeline check needs SmolLM2's tokenizer and config, not its 538 MB of weights
+  # (the GPU machine cannot convert them: it has no network for the set-up's venv).
+  models=$(scripts/prepare-models.sh)
+  mkdir -p "$BIN/cache/models/smollm2-135m"
+  (cd "$models/smollm2-135m" && cp .ready chat_template.jinja config.json generation_config.json tokenizer.json tokenizer_config.json "$OLDPWD/$BIN/cache/models/smollm2-135m/")
   ls -la "$BIN"
   exit 0
 fi
@@ -135,6 +145,10 @@ section nccl-pair 90 "$BIN/gpu_check" nccl-pair --model "$TINY" --mib 1,16,256 -
 # --- 3c. the pipeline on the GPU: deploy/dev-1gpu.toml (rollout and learner processes both on GPU 0),
 #         a short sync recipe from the tiny model; the run directory is checked afterwards
 section dev-1gpu 150 scripts/gpu-pipeline-check.sh "$BIN/launcher" "$PY"
+
+# --- 3d. the weight-sync group between two processes on SmolLM2-135M's shape (538 MB a version):
+#         the host path (shared memory) and NCCL (GPU to GPU, loaded from the GPU); parameters equal after
+section weight-sync 120 "$BIN/gpu_check" weight-sync --model "$SMOL" --versions 3 --transports ring,nccl
 
 # --- 4. NCCL on libtorch tensors + learner step with the NCCL all-reduce
 section nccl-learner 90 "$BIN/gpu_check" nccl-learner "$TINY" --dtype f32

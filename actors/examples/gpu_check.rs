@@ -12,6 +12,9 @@
 //! gpu_check nccl-pair [--model DIR] [--mib 1,16,256] [--iters 5] [--timeout-ms 3000] [--deadline-s 75]
 //!                                       # two NCCL ranks on one GPU (a host id each): results, bandwidth,
 //!                                       # a stalled peer's timeout, the group rebuilt, a learner step on it
+//! gpu_check weight-sync [--model DIR] [--versions 3] [--transports ring,nccl] [--device cuda]
+//!                                       # the weight-sync group between two processes: each transport's
+//!                                       # pack / broadcast / load seconds, parameters identical after
 //! gpu_check learner --model DIR [--batch 8] [--seq 512] [--iters 10] [--warmup 2] [--dtype bf16]
 //!                   [--device cuda] [--python python3] [--script tests/oracle/loss_oracle.py]
 //! ```
@@ -35,7 +38,7 @@ type Res<T> = Result<T, Box<dyn std::error::Error>>;
 fn main() {
     let args: Vec<String> = std::env::args().skip(1).collect();
     let Some(cmd) = args.first().cloned() else {
-        eprintln!("usage: gpu_check make-models|greedy-match|generate|nccl-learner|nccl-pair|learner ...");
+        eprintln!("usage: gpu_check make-models|greedy-match|generate|nccl-learner|nccl-pair|weight-sync|learner ...");
         std::process::exit(2);
     };
     let rest = &args[1..];
@@ -45,6 +48,7 @@ fn main() {
         "generate" => generate(rest),
         "nccl-learner" => nccl_learner(rest),
         "nccl-pair" => nccl_pair(rest),
+        "weight-sync" => weight_sync(rest),
         "learner" => learner(rest),
         other => Err(format!("unknown subcommand {other:?}").into()),
     };
@@ -387,20 +391,38 @@ fn nccl_pair(args: &[String]) -> Res<()> {
     nccl::nccl_available()?;
     // One ring rendezvous per epoch (the learners' path: rank 0's NCCL id travels over the ring).
     let ports: Vec<String> = (0..2).map(|_| Ok(std::net::TcpListener::bind("127.0.0.1:0")?.local_addr()?.to_string())).collect::<Res<_>>()?;
+    let t0 = Instant::now();
+    let deadline = std::time::Duration::from_secs(o.num("deadline-s", 75)? as u64);
+    let (mut ok, reports) = run_pair("nccl-pair", args, &ports, deadline)?;
+    let digests: Vec<&str> = reports.iter().filter_map(|r| r["learner_digest"].as_str()).collect();
+    let same = digests.len() == 2 && digests[0] == digests[1] && !digests[0].is_empty();
+    println!("learner parameters after one NCCL step: {}", if same { "identical on both ranks" } else { "DIFFER (or missing)" });
+    ok &= same || !o.named.contains_key("model");
+    println!("{}", json!({"check": "nccl-pair", "ok": ok, "seconds": t0.elapsed().as_secs_f64(), "learner_digests_equal": same, "ranks": reports}));
+    if !ok {
+        return Err("a rank failed".into());
+    }
+    Ok(())
+}
+
+/// Runs this binary's `sub` as ranks 0 and 1, each in its own process with its own
+/// `NCCL_HOSTID` (`RLMESH_PAIR_RANK`, and `RLMESH_PAIR_RINGS`: the ring addresses).
+/// Each rank prints human lines and one `{"rank": ...}` JSON line; a rank still
+/// running at the deadline is killed, so a hung collective costs the check its
+/// deadline, never an orphan holding the GPU. Returns whether both succeeded, and
+/// their reports.
+fn run_pair(sub: &str, args: &[String], rings: &[String], deadline: std::time::Duration) -> Res<(bool, Vec<Value>)> {
     let exe = std::env::current_exe()?;
     let t0 = Instant::now();
-    // Each rank reports into a file; a rank still running at the deadline is killed, so a hung
-    // collective costs this check its deadline, never an orphan holding the GPU.
-    let deadline = std::time::Duration::from_secs(o.num("deadline-s", 75)? as u64);
     let logs = tempfile::tempdir()?;
     let mut children = (0..2)
         .map(|r| -> Res<_> {
             let log = logs.path().join(format!("rank{r}.out"));
             let child = std::process::Command::new(&exe)
-                .arg("nccl-pair")
+                .arg(sub)
                 .args(args)
                 .env("RLMESH_PAIR_RANK", r.to_string())
-                .env("RLMESH_PAIR_RINGS", ports.join(","))
+                .env("RLMESH_PAIR_RINGS", rings.join(","))
                 .env("NCCL_HOSTID", format!("rlmesh-pair-{r}"))
                 .env("NCCL_SOCKET_IFNAME", std::env::var("NCCL_SOCKET_IFNAME").unwrap_or_else(|_| "lo".into()))
                 .env("NCCL_IB_DISABLE", "1")
@@ -434,14 +456,93 @@ fn nccl_pair(args: &[String]) -> Res<()> {
         ok &= status[r].is_some_and(|s| s.success()) && v["ok"].as_bool() == Some(true);
         reports.push(v);
     }
-    let digests: Vec<&str> = reports.iter().filter_map(|r| r["learner_digest"].as_str()).collect();
-    let same = digests.len() == 2 && digests[0] == digests[1] && !digests[0].is_empty();
-    println!("learner parameters after one NCCL step: {}", if same { "identical on both ranks" } else { "DIFFER (or missing)" });
-    ok &= same || !o.named.contains_key("model");
-    println!("{}", json!({"check": "nccl-pair", "ok": ok, "seconds": t0.elapsed().as_secs_f64(), "learner_digests_equal": same, "ranks": reports}));
-    if !ok {
-        return Err("a rank failed".into());
+    Ok((ok, reports))
+}
+
+/// The weight-sync group between two processes, as the pipeline runs it
+/// (`node::weights`): rank 0 packs a model's parameters as a version and
+/// broadcasts it, rank 1 receives, checks and loads it into its own model.
+/// Each transport in turn, on its own ring: `ring` (the host path: shared
+/// memory between the two processes, XXH3 hashed as it arrives, loaded from
+/// the host) and `nccl` (the image copied to rank 0's GPU, broadcast by NCCL,
+/// digested on rank 1's GPU and loaded from there). Rank 0 perturbs its model
+/// before each version, so every version differs; after the last, both ranks'
+/// parameters must be bit-identical (the digest of a fresh pack of each).
+fn weight_sync(args: &[String]) -> Res<()> {
+    let o = Opts::parse(args)?;
+    if let Ok(rank) = std::env::var("RLMESH_PAIR_RANK") {
+        return weight_sync_rank(&o, rank.parse()?);
     }
+    let transports = o.list("transports", "ring,nccl");
+    let rings: Vec<String> = transports.iter().map(|_| Ok(std::net::TcpListener::bind("127.0.0.1:0")?.local_addr()?.to_string())).collect::<Res<_>>()?;
+    let t0 = Instant::now();
+    let (mut ok, reports) = run_pair("weight-sync", args, &rings, std::time::Duration::from_secs(o.num("deadline-s", 150)? as u64))?;
+    let mut figures = vec![];
+    for t in &transports {
+        let (a, b) = (&reports[0][t.as_str()], &reports[1][t.as_str()]);
+        let same = a["final_digest"].is_string() && a["final_digest"] == b["final_digest"];
+        ok &= same;
+        println!("{t}: parameters after the last version {}", if same { "identical on both ranks" } else { "DIFFER (or missing)" });
+        figures.push(json!({"transport": t, "identical": same, "sender": a, "receiver": b}));
+    }
+    println!("{}", json!({"check": "weight-sync", "ok": ok, "seconds": t0.elapsed().as_secs_f64(), "transports": figures}));
+    if !ok {
+        return Err("a rank failed, or the parameters differ".into());
+    }
+    Ok(())
+}
+
+fn weight_sync_rank(o: &Opts, rank: usize) -> Res<()> {
+    use rlmesh_actors::node::weights::{GroupSpec, WeightGroup};
+    use rlmesh_actors::weight_sync::image::{apply, pack};
+    let rings: Vec<String> = std::env::var("RLMESH_PAIR_RINGS")?.split(',').map(String::from).collect();
+    let dir = PathBuf::from(o.get("model", "/tmp/gpu-check-models/smollm2-shape"));
+    let dev = o.device()?;
+    let versions = o.num("versions", 3)?.max(1) as u64;
+    let rt = tokio::runtime::Builder::new_current_thread().enable_all().build()?;
+    let model = Transformer::load(&dir, dev, Some(Kind::Float))?;
+    if rank == 1 {
+        // Start from other weights, so that only the versions make the two equal.
+        tch::no_grad(|| model.vs.variables().values().for_each(|v| {
+            let _ = v.shallow_clone().g_mul_scalar_(0.5);
+        }));
+    }
+    let cuda = matches!(dev, Device::Cuda(_)).then_some(0);
+    let mut report = json!({"rank": rank, "ok": true, "bytes": 0});
+    for (epoch, t) in o.list("transports", "ring,nccl").iter().enumerate() {
+        let spec = GroupSpec { rank: rank as u32, world: 2, addr: rings[epoch].clone(), epoch: epoch as u32, nccl: t == "nccl" };
+        let group = WeightGroup::join(&spec, "weight-sync-check", None, cuda);
+        let mut rows = vec![];
+        for v in 1..=versions {
+            if rank == 0 {
+                tch::no_grad(|| model.vs.variables().values().for_each(|p| {
+                    let _ = p.shallow_clone().g_add_scalar_(1e-3 * v as f64);
+                }));
+                sync(dev);
+                let t = Instant::now();
+                let update = pack(&model, v);
+                let pack_s = t.elapsed().as_secs_f64();
+                let bytes = update.image.len();
+                let send_s = rt.block_on(group.send(update).wait())?;
+                report["bytes"] = json!(bytes);
+                rows.push(json!({"version": v, "pack_s": pack_s, "send_s": send_s, "gb_s": bytes as f64 / 1e9 / send_s}));
+            } else {
+                let t = Instant::now();
+                let update = rt.block_on(group.receive().wait())?;
+                let receive_s = t.elapsed().as_secs_f64();
+                let t = Instant::now();
+                let ack = apply(&model, &update)?;
+                sync(dev);
+                let load_s = t.elapsed().as_secs_f64();
+                report["bytes"] = json!(update.buckets.len);
+                rows.push(json!({"version": ack.version, "receive_s": receive_s, "load_s": load_s, "from_gpu": update.on_device.is_some()}));
+            }
+        }
+        let final_digest = format!("{:016x}", pack(&model, 0).digest);
+        println!("{t}: {}", rows.iter().map(Value::to_string).collect::<Vec<_>>().join(" "));
+        report[t.as_str()] = json!({"versions": rows, "final_digest": final_digest});
+    }
+    println!("{report}");
     Ok(())
 }
 
