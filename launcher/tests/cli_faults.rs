@@ -276,6 +276,12 @@ fn a_broken_learner_collective_makes_both_ranks_leave_and_the_run_starts_again_f
     assert_logged_once(&run, 12, ROWS_PER_STEP);
     let summary: Value = serde_json::from_str(&std::fs::read_to_string(run.join("summary.json")).unwrap()).unwrap();
     assert_eq!(summary["counters"]["groups_trained"], 24, "counted over both starts: {summary}");
+
+    // A malformed fault value is refused by the learner's process, naming it, not silently ignored.
+    let (run, log) = (tmp.path().join("run-bad"), tmp.path().join("up-bad.log"));
+    let exit = start_with(&topo, &recipe, &run, &log, &[], &[(rlmesh_actors::node::RING_FAULT_ENV, "rank1-step6")]).wait().unwrap();
+    let logged = std::fs::read_to_string(&log).unwrap();
+    assert!(!exit.success() && logged.contains("RLMESH_FAULT_LEARNER_RING_ABORT_AT=\"rank1-step6\": expected RANK:STEP"), "{logged}");
 }
 
 #[test]

@@ -298,11 +298,16 @@ async fn host(hosted: &mut Hosted, s: NodeSetup, cookie: &str, tx: &ControlSende
         let ring = RingConfig::new(l.rank as usize, l.world as usize, l.master.clone()).cookie(format!("{cookie}:learners")).bind(hosted.listen);
         let device = torch_device(l.cuda).map_err(|e| format!("learner rank {}: {e}", l.rank))?;
         let first_start = std::env::var(super::LEARNER_RESTARTS_ENV).map_or(true, |v| v == "0");
-        let abort_ring_before_step = std::env::var(super::RING_FAULT_ENV)
-            .ok()
-            .and_then(|v| v.split_once(':').and_then(|(r, step)| Some((r.parse::<u32>().ok()?, step.parse::<u64>().ok()?))))
-            .filter(|&(r, _)| r == l.rank && first_start)
-            .map(|(_, step)| step);
+        // Fault injection (tests): a malformed value is refused, not silently ignored.
+        let fault = match std::env::var(super::RING_FAULT_ENV) {
+            Err(_) => None,
+            Ok(v) => Some(
+                v.split_once(':')
+                    .and_then(|(r, step)| Some((r.trim().parse::<u32>().ok()?, step.trim().parse::<u64>().ok()?)))
+                    .ok_or_else(|| format!("{}={v:?}: expected RANK:STEP, e.g. 1:3", super::RING_FAULT_ENV))?,
+            ),
+        };
+        let abort_ring_before_step = fault.filter(|&(r, _)| r == l.rank && first_start).map(|(_, step)| step);
         let args = LearnerArgs { model_dir: s.model_dir.clone(), config: l.config, threads: s.threads, ring: Some(ring), device, abort_ring_before_step };
         eprintln!("[node] {}: learner rank {} of {} on {:?}", hosted.process, l.rank, l.world, args.device);
         let (a, _) = Actor::spawn(None, LearnerActor, args).await.map_err(|e| format!("learner rank {}: {e}", l.rank))?;
