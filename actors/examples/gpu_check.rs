@@ -468,6 +468,8 @@ fn run_pair(sub: &str, args: &[String], rings: &[String], deadline: std::time::D
 /// digested on rank 1's GPU and loaded from there). Rank 0 perturbs its model
 /// before each version, so every version differs; after the last, both ranks'
 /// parameters must be bit-identical (the digest of a fresh pack of each).
+/// Then rank 1 stops receiving, and aborting rank 0's member must end its
+/// blocked broadcast within 5 s (over NCCL: the wait polls the abort flag).
 fn weight_sync(args: &[String]) -> Res<()> {
     let o = Opts::parse(args)?;
     if let Ok(rank) = std::env::var("RLMESH_PAIR_RANK") {
@@ -540,7 +542,25 @@ fn weight_sync_rank(o: &Opts, rank: usize) -> Res<()> {
         }
         let final_digest = format!("{:016x}", pack(&model, 0).digest);
         println!("{t}: {}", rows.iter().map(Value::to_string).collect::<Vec<_>>().join(" "));
-        report[t.as_str()] = json!({"versions": rows, "final_digest": final_digest});
+        // A member gone mid-broadcast: rank 1 stops receiving, rank 0's next broadcast blocks,
+        // and aborting rank 0's member (what the fleet does when it loses a member) must end
+        // the wait at once, not at the group's 120 s timeout.
+        let aborted = if rank == 0 {
+            let pending = group.send(pack(&model, versions + 1));
+            std::thread::sleep(std::time::Duration::from_secs(1));
+            let asked = Instant::now();
+            group.abort();
+            let r = rt.block_on(pending.wait());
+            let secs = asked.elapsed().as_secs_f64();
+            println!("{t}: abort mid-broadcast ended the wait in {secs:.3}s: {}", r.as_ref().err().map_or("no error (the broadcast completed?)", String::as_str));
+            report["ok"] = json!(report["ok"].as_bool() == Some(true) && r.is_err() && secs < 5.0);
+            json!({"ended_s": secs, "failed": r.is_err()})
+        } else {
+            std::thread::sleep(std::time::Duration::from_secs(3));
+            group.abort();
+            Value::Null
+        };
+        report[t.as_str()] = json!({"versions": rows, "final_digest": final_digest, "abort": aborted});
     }
     println!("{report}");
     Ok(())

@@ -48,6 +48,8 @@ use std::ffi::{c_void, CStr};
 use std::marker::PhantomData;
 use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::time::{Duration, Instant};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
 
 use cudarc::driver::{result as cu, sys as cusys};
 use cudarc::nccl::{result as nc, sys as ncsys};
@@ -193,6 +195,8 @@ pub struct NcclComm {
     ctx: cusys::CUcontext,
     barrier_buf: cusys::CUdeviceptr,
     timeout: Duration,
+    /// Set from another thread to end a wait in [`NcclComm::synchronize`] at once.
+    cancel: Option<Arc<AtomicBool>>,
     poisoned: Option<String>,
     aborted: bool,
     _not_send: PhantomData<*mut ()>,
@@ -248,6 +252,7 @@ impl NcclComm {
                 ctx,
                 barrier_buf,
                 timeout: DEFAULT_NCCL_TIMEOUT,
+                cancel: None,
                 poisoned: None,
                 aborted: false,
                 _not_send: PhantomData,
@@ -261,13 +266,23 @@ impl NcclComm {
         self
     }
 
+    /// A flag another thread may set to end a wait in [`NcclComm::synchronize`]
+    /// at once, as if it had timed out (the communicator aborted, its kernels
+    /// released): a caller that knows a peer is gone need not wait out the timeout.
+    pub fn with_cancel(mut self, cancel: Arc<AtomicBool>) -> Self {
+        self.cancel = Some(cancel);
+        self
+    }
+
     /// Waits until all work enqueued on `stream` has finished, polling NCCL
-    /// for asynchronous errors; on an error or after the timeout the
-    /// communicator is aborted (a dead peer cannot hang this rank forever).
+    /// for asynchronous errors; on an error, after the timeout, or when the
+    /// cancel flag is set ([`NcclComm::with_cancel`]) the communicator is
+    /// aborted (a dead peer cannot hang this rank forever).
     pub fn synchronize(&mut self, stream: *mut c_void) -> Result<()> {
         self.check_poison()?;
         let start = Instant::now();
         let (rank, comm, timeout) = (self.rank, self.comm, self.timeout);
+        let cancel = self.cancel.clone();
         let r = guard("synchronizing", || loop {
             // SAFETY: a stream handle the caller vouches for (null = legacy default stream).
             match unsafe { cusys::cuStreamQuery(stream as cusys::CUstream) } {
@@ -289,6 +304,13 @@ impl NcclComm {
                     rank,
                     call: "ncclCommGetAsyncError",
                     detail: nccl_error_text(async_err),
+                });
+            }
+            if cancel.as_ref().is_some_and(|c| c.load(Ordering::SeqCst)) {
+                return Err(CommError::Nccl {
+                    rank,
+                    call: "synchronize",
+                    detail: "cancelled while waiting (a peer is known to be gone); communicator aborted".into(),
                 });
             }
             if start.elapsed() > timeout {

@@ -25,6 +25,8 @@ use crate::weight_sync::image::{DeviceImage, WeightUpdate};
 use rlmesh_comm::device_digest::DeviceDigest;
 use rlmesh_comm::nccl::NCCL_ID_BYTES;
 use rlmesh_comm::{nccl_available, Buf, Collective, CollectiveExt, DType, NcclComm, NcclId, RingComm};
+use std::sync::atomic::AtomicBool;
+use std::sync::Arc;
 use std::time::Instant;
 use tch::{Device, Kind, Tensor};
 
@@ -47,7 +49,10 @@ impl NcclLink {
     /// says whether it can (a GPU, libnccl, and on rank 0 a unique id); if
     /// one cannot, every member fails at once with the count, instead of the
     /// others waiting in NCCL's bootstrap for a rank that never comes.
-    pub(super) fn form(mut ring: RingComm, device: Option<usize>) -> Result<NcclLink, String> {
+    /// `cancel`: the member's abort flag; a broadcast waiting on a member known
+    /// to be gone ends when it is set (the communicator aborted, its kernels
+    /// released), not at the group's timeout.
+    pub(super) fn form(mut ring: RingComm, device: Option<usize>, cancel: Arc<AtomicBool>) -> Result<NcclLink, String> {
         let (rank, world) = (ring.rank(), ring.world_size());
         let mut reason = match device {
             None => Some("this member computes on the CPU".to_string()),
@@ -70,7 +75,7 @@ impl NcclLink {
         let device = device.expect("voted able");
         ring.broadcast_bytes_with(&mut id, 0, &mut |_| {}).map_err(|e| format!("sending the NCCL id over the ring: {e}"))?;
         let id = NcclId::from_bytes(&id).map_err(|e| e.to_string())?;
-        let comm = NcclComm::new(device, rank, world, &id).map_err(|e| e.to_string())?.with_timeout(GROUP_TIMEOUT);
+        let comm = NcclComm::new(device, rank, world, &id).map_err(|e| e.to_string())?.with_timeout(GROUP_TIMEOUT).with_cancel(cancel);
         let digest = DeviceDigest::new(device).map_err(|e| e.to_string())?;
         Ok(NcclLink { ring, comm, digest, device })
     }

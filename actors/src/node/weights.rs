@@ -24,8 +24,10 @@ use std::sync::mpsc;
 use std::time::{Duration, Instant};
 use tokio::sync::oneshot;
 
-/// Bytes of the header broadcast (room for ~8,000 bucket digests: 64 GiB of weights in 8 MiB buckets).
-const HEADER_BYTES: usize = 64 << 10;
+/// Bytes of the header broadcast: room for ~8,000 buckets with both digests
+/// (the XXH3 of the host image and, over NCCL, the device WordMix64), 64 GiB
+/// of weights in 8 MiB buckets; 128 KiB a version, small beside the image.
+const HEADER_BYTES: usize = 128 << 10;
 
 /// A member's place in the group.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
@@ -89,7 +91,8 @@ pub struct WeightGroup {
 /// Aborts the member's collective from outside its thread.
 #[derive(Default)]
 struct Abort {
-    asked: AtomicBool,
+    /// Set once aborted; an NCCL member's wait polls it too.
+    asked: Arc<AtomicBool>,
     handle: Mutex<Option<RingAbort>>,
 }
 
@@ -110,7 +113,7 @@ impl WeightGroup {
                 let mut comm = RingComm::connect(cfg).map_err(|e| failed(e.to_string())).and_then(|c| {
                     *aborts.handle.lock().expect("abort lock") = c.abort_handle().ok();
                     if nccl {
-                        NcclLink::form(c, cuda).map(|l| Link::Nccl(Box::new(l))).map_err(failed)
+                        NcclLink::form(c, cuda, aborts.asked.clone()).map(|l| Link::Nccl(Box::new(l))).map_err(failed)
                     } else {
                         Ok(Link::Ring(c))
                     }
@@ -170,7 +173,9 @@ impl WeightGroup {
 
     /// Aborts this member's collective: a broadcast blocked on a member that is
     /// gone without closing its sockets (a lost host) fails at once, here and
-    /// along the ring, instead of waiting out its timeout. Queued work fails.
+    /// along the ring, instead of waiting out its timeout; over NCCL the wait
+    /// sees the flag within microseconds and aborts the communicator, which
+    /// releases its kernels from the GPU. Queued work fails.
     pub fn abort(&self) {
         self.abort.asked.store(true, Ordering::SeqCst);
         if let Some(h) = self.abort.handle.lock().expect("abort lock").as_ref() {
