@@ -85,7 +85,7 @@ impl NcclLink {
     pub(super) fn send(&mut self, update: WeightUpdate) -> Result<f64, String> {
         let t0 = Instant::now();
         let n = update.image.len();
-        let dev = self.words(n);
+        let dev = self.words(n, update.version)?;
         // SAFETY: `update.image` outlives `host`, which is only read by the synchronous copy below.
         let host = unsafe { Tensor::from_blob(update.image.as_ptr(), &[n as i64], &[1], Kind::Uint8, Device::Cpu) };
         dev.narrow(0, 0, n as i64).copy_(&host);
@@ -101,7 +101,7 @@ impl NcclLink {
     pub(super) fn receive(&mut self) -> Result<WeightUpdate, String> {
         let header = receive_header(&mut self.ring)?;
         let n = header.buckets.len;
-        let dev = self.words(n);
+        let dev = self.words(n, header.version)?;
         self.broadcast(&dev, header.version)?;
         let t = Instant::now();
         let ours = self.bucket_digests(&dev, n, header.buckets.bucket_bytes)?;
@@ -116,9 +116,11 @@ impl NcclLink {
         Ok(WeightUpdate { version: header.version, digest: header.digest, buckets: header.buckets, image: vec![], arrived: None, on_device })
     }
 
-    /// A zeroed device buffer of whole 32-bit words holding `n` bytes.
-    fn words(&self, n: usize) -> Tensor {
-        Tensor::zeros([(n.div_ceil(4) * 4) as i64], (Kind::Uint8, Device::Cuda(self.device)))
+    /// A zeroed device buffer of whole 32-bit words holding `n` bytes (an
+    /// error, not a panic, when the GPU cannot hold it).
+    fn words(&self, n: usize, version: u64) -> Result<Tensor, String> {
+        Tensor::f_zeros([(n.div_ceil(4) * 4) as i64], (Kind::Uint8, Device::Cuda(self.device)))
+            .map_err(|e| format!("weight update v{version}: a GPU buffer of {n} bytes: {}", e.to_string().lines().next().unwrap_or("")))
     }
 
     fn broadcast(&mut self, dev: &Tensor, version: u64) -> Result<(), String> {
