@@ -487,7 +487,20 @@ fn weight_sync(args: &[String]) -> Res<()> {
         println!("{t}: parameters after the last version {}", if same { "identical on both ranks" } else { "DIFFER (or missing)" });
         figures.push(json!({"transport": t, "identical": same, "sender": a, "receiver": b}));
     }
-    println!("{}", json!({"check": "weight-sync", "ok": ok, "seconds": t0.elapsed().as_secs_f64(), "transports": figures}));
+    // Per version: rank 0's pack and broadcast, then rank 1's load; the median over versions.
+    let per_version = |f: &Value| -> Option<f64> {
+        let (s, r) = (f["sender"]["versions"].as_array()?, f["receiver"]["versions"].as_array()?);
+        let mut t: Vec<f64> = s.iter().zip(r).map(|(a, b)| Some(a["pack_s"].as_f64()? + a["send_s"].as_f64()? + b["load_s"].as_f64()?)).collect::<Option<_>>()?;
+        t.sort_by(f64::total_cmp);
+        t.get(t.len() / 2).copied()
+    };
+    let seconds: Vec<Option<f64>> = figures.iter().map(per_version).collect();
+    let at = |name: &str| transports.iter().position(|t| t == name).and_then(|i| seconds[i]);
+    let ratio = at("ring").zip(at("nccl")).map(|(ring, nccl)| {
+        println!("per version (pack + broadcast + load, median): ring {ring:.3}s, nccl {nccl:.3}s: nccl {:.2}x the host path", ring / nccl);
+        ring / nccl
+    });
+    println!("{}", json!({"check": "weight-sync", "ok": ok, "seconds": t0.elapsed().as_secs_f64(), "per_version_s": seconds, "nccl_over_ring": ratio, "transports": figures}));
     if !ok {
         return Err("a rank failed, or the parameters differ".into());
     }
