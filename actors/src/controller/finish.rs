@@ -3,7 +3,7 @@
 use super::driver::Driver;
 use super::error::{io, RunError};
 use super::journal::{checkpoint, write_status, Jsonl};
-use super::record::figures;
+use super::record::{self, figures};
 use super::rl_loop::RlLoop;
 use super::setup::Policy;
 use super::status::RunStatus;
@@ -124,7 +124,7 @@ pub(super) async fn finish(driver: &mut Driver, rl: &RlLoop<'_>, policy: &Policy
     std::fs::write(&path, serde_json::to_string_pretty(&summary).expect("json")).map_err(io(&path))?;
     cx.progress.line(format!(
         "done: held-out success {:.3} (sampled {:.3}), final answer {:.3}, unnecessary tool {:.3}, repeated {:.3} on {} tasks",
-        summary.trajectory_success, f_sampled["trajectory_success"], summary.final_answer_accuracy, summary.unnecessary_tool_rate, summary.repeated_call_rate, summary.eval_tasks
+        summary.trajectory_success, record::rate(&f_sampled, "trajectory_success"), summary.final_answer_accuracy, summary.unnecessary_tool_rate, summary.repeated_call_rate, summary.eval_tasks
     ));
     Ok(summary)
 }

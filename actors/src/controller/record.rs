@@ -43,6 +43,25 @@ pub(super) fn figures(groups: &[ScoredGroup]) -> Value {
     })
 }
 
+/// One rate of [`figures`] as a number (NaN where it is missing). A
+/// `serde_json::Value` ignores a format's precision, so progress lines take
+/// their figures through this.
+pub(super) fn rate(figures: &Value, key: &str) -> f64 {
+    figures[key].as_f64().unwrap_or(f64::NAN)
+}
+
+/// The progress line after the warm-up's held-out evaluation, greedy and sampled.
+pub(super) fn warmed_up_line(greedy: &Value, sampled: &Value) -> String {
+    format!(
+        "after warm-up: held-out success {:.3} (sampled {:.3}) final {:.3} unnecessary-tool {:.3} (sampled {:.3})",
+        rate(greedy, "trajectory_success"),
+        rate(sampled, "trajectory_success"),
+        rate(greedy, "final_answer_accuracy"),
+        rate(greedy, "unnecessary_tool_rate"),
+        rate(sampled, "unnecessary_tool_rate")
+    )
+}
+
 /// `RUN_DIR/batches.jsonl` (with `--record-batches`): per RL step, each
 /// sequence's loss mask and the per-token advantages (or, for `steptool`, the
 /// per-token rewards) the learner was sent.
@@ -184,4 +203,20 @@ pub(super) fn step_record(metrics: &Metrics, recipe: &Recipe, s: &StepFacts<'_>)
     metrics.learner_clip_fraction.set(stats.clip_fraction.unwrap_or(0.0));
     metrics.learner_grad_norm.set(stats.grad_norm);
     row
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_warm_up_line_rounds_every_rate_to_three_places() {
+        let greedy = json!({"trajectory_success": 0.965, "final_answer_accuracy": 2.0 / 3.0, "unnecessary_tool_rate": 1.0 / 93.0});
+        let sampled = json!({"trajectory_success": 0.595, "unnecessary_tool_rate": 35.0 / 93.0});
+        assert_eq!(
+            warmed_up_line(&greedy, &sampled),
+            "after warm-up: held-out success 0.965 (sampled 0.595) final 0.667 unnecessary-tool 0.011 (sampled 0.376)"
+        );
+        assert!(rate(&greedy, "absent").is_nan());
+    }
 }

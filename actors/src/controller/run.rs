@@ -13,7 +13,7 @@ use super::error::answered;
 use super::finish::finish;
 use super::journal::{checkpoint, Cursor};
 use super::progress::{stop_on_sigterm, Progress};
-use super::record::figures;
+use super::record::{self, figures};
 use super::resume::open_ledger;
 use super::rl_loop::{RlContext, RlLoop};
 use super::setup::{rl_learner_config, Opened, Policy, Roles};
@@ -168,10 +168,7 @@ async fn resume_or_configure(learner: &ActorRef<LearnerMsg>, opts: &RunOptions, 
 async fn evaluate_warmed_up(driver: &mut Driver, held_out: &[Task], seed: u64, progress: &Progress) -> Result<(Value, Value), RunError> {
     let f = figures(&driver.evaluate(held_out, seed, true).await?);
     let fs = figures(&driver.evaluate(held_out, seed, false).await?);
-    progress.line(format!(
-        "after warm-up: held-out success {:.3} (sampled {:.3}) final {:.3} unnecessary-tool {:.3} (sampled {:.3})",
-        f["trajectory_success"], fs["trajectory_success"], f["final_answer_accuracy"], f["unnecessary_tool_rate"], fs["unnecessary_tool_rate"]
-    ));
+    progress.line(record::warmed_up_line(&f, &fs));
     Ok((f, fs))
 }
 
