@@ -179,3 +179,29 @@ fn an_image_held_in_a_tensor_loads_exactly_and_a_malformed_one_is_refused() {
     refuse(garbled, "safetensors header:");
     assert_eq!(fresh.score(&seqs).unwrap(), before, "a refused image changes nothing");
 }
+
+/// `pack` writes each parameter straight into its place in the image; the
+/// image must be, byte for byte, the file the safetensors crate itself
+/// serialises from the same float32 tensors (the independent oracle), for a
+/// float32 model and for a bfloat16 one (widened to float32 as it is copied).
+#[test]
+fn a_packed_image_is_the_file_safetensors_writes() {
+    let cfg = json!({"architectures": ["LlamaForCausalLM"], "vocab_size": 40, "hidden_size": 16, "intermediate_size": 24,
+                     "num_hidden_layers": 2, "num_attention_heads": 2, "num_key_value_heads": 1, "tie_word_embeddings": false});
+    for kind in [Kind::Float, Kind::BFloat16] {
+        tch::manual_seed(3);
+        let m = Transformer::new(ModelConfig::from_json(cfg.clone(), Path::new("config.json")).unwrap(), Device::Cpu, kind);
+        let vars: Vec<(String, tch::Tensor)> = m.vs.variables().into_iter().map(|(n, t)| (n, t.detach().to_kind(Kind::Float))).collect();
+        assert!(vars.len() > 10, "{} tensors", vars.len());
+        let oracle = rlmesh_model::io::safetensors_bytes(&vars, None).unwrap();
+        let update = pack(&m, 1);
+        assert_eq!(update.image.len(), oracle.len(), "{kind:?}");
+        assert!(update.image == oracle, "{kind:?}: the packed image differs from safetensors' serialisation");
+        // It loads into a float32 model as the same parameters.
+        let same = Transformer::new(ModelConfig::from_json(cfg.clone(), Path::new("config.json")).unwrap(), Device::Cpu, Kind::Float);
+        apply(&same, &update).unwrap();
+        for (n, t) in &vars {
+            assert!(same.vs.variables()[n].equal(t), "{kind:?}: {n} after loading");
+        }
+    }
+}
