@@ -193,7 +193,16 @@ fn a_packed_image_is_the_file_safetensors_writes() {
         let m = Transformer::new(ModelConfig::from_json(cfg.clone(), Path::new("config.json")).unwrap(), Device::Cpu, kind);
         let vars: Vec<(String, tch::Tensor)> = m.vs.variables().into_iter().map(|(n, t)| (n, t.detach().to_kind(Kind::Float))).collect();
         assert!(vars.len() > 10, "{} tensors", vars.len());
-        let oracle = rlmesh_model::io::safetensors_bytes(&vars, None).unwrap();
+        let host: Vec<(String, Vec<usize>, Vec<u8>)> = vars
+            .iter()
+            .map(|(n, t)| {
+                let mut b = vec![0u8; 4 * t.numel()];
+                t.contiguous().copy_data_u8(&mut b, t.numel());
+                (n.clone(), t.size().iter().map(|&d| d as usize).collect(), b)
+            })
+            .collect();
+        let views = host.iter().map(|(n, s, b)| (n.as_str(), safetensors::tensor::TensorView::new(safetensors::tensor::Dtype::F32, s.clone(), b).unwrap()));
+        let oracle = safetensors::tensor::serialize(views, None).unwrap();
         let update = pack(&m, 1);
         assert_eq!(update.image.len(), oracle.len(), "{kind:?}");
         assert!(update.image == oracle, "{kind:?}: the packed image differs from safetensors' serialisation");

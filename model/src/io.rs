@@ -3,9 +3,8 @@
 use crate::config::ModelConfig;
 use crate::error::{io_err, ModelError, Result};
 use crate::transformer::Transformer;
-use safetensors::tensor::{Dtype, Metadata, TensorInfo, View};
-use std::borrow::Cow;
-use std::collections::{BTreeMap, HashMap};
+use safetensors::tensor::{Dtype, Metadata, TensorInfo};
+use std::collections::HashMap;
 use std::fs::File;
 use std::io::{Read, Seek, SeekFrom};
 use std::path::{Path, PathBuf};
@@ -149,8 +148,8 @@ impl Transformer {
     pub fn save(&self, dir: &Path, kind: Option<Kind>) -> Result<()> {
         let kind = kind.unwrap_or(self.kind());
         std::fs::create_dir_all(dir).map_err(io_err(dir))?;
-        let tensors: Vec<(String, Tensor)> = self.vs.variables().into_iter().map(|(n, t)| (n, t.detach().to_kind(kind))).collect();
-        write_safetensors(&dir.join("model.safetensors"), &tensors)?;
+        let tensors: Vec<(String, Tensor)> = self.vs.variables().into_iter().collect();
+        write_safetensors_as(&dir.join("model.safetensors"), &tensors, Some(kind))?;
         let config = serde_json::to_string_pretty(&self.config.to_json(kind_name(kind))).expect("config serialises");
         write_atomic(&dir.join("config.json"), config.as_bytes())
     }
@@ -215,30 +214,9 @@ pub fn write_atomic(path: &Path, bytes: &[u8]) -> Result<()> {
     std::fs::rename(&tmp, path).map_err(io_err(path))
 }
 
-struct HostTensor {
-    dtype: Dtype,
-    shape: Vec<usize>,
-    bytes: Vec<u8>,
-}
-
-impl View for &HostTensor {
-    fn dtype(&self) -> Dtype {
-        self.dtype
-    }
-    fn shape(&self) -> &[usize] {
-        &self.shape
-    }
-    fn data(&self) -> Cow<'_, [u8]> {
-        Cow::Borrowed(&self.bytes)
-    }
-    fn data_len(&self) -> usize {
-        self.bytes.len()
-    }
-}
-
-fn to_host(t: &Tensor) -> Result<HostTensor> {
-    let t = t.to_device(Device::Cpu).contiguous();
-    let (dtype, size) = match t.kind() {
+/// The safetensors dtype of a tensor kind, and its element size.
+fn file_dtype(kind: Kind) -> Result<(Dtype, usize)> {
+    Ok(match kind {
         Kind::Float => (Dtype::F32, 4),
         Kind::BFloat16 => (Dtype::BF16, 2),
         Kind::Half => (Dtype::F16, 2),
@@ -247,22 +225,113 @@ fn to_host(t: &Tensor) -> Result<HostTensor> {
         Kind::Int => (Dtype::I32, 4),
         Kind::Uint8 => (Dtype::U8, 1),
         other => return Err(ModelError::Input(format!("cannot save dtype {other:?}"))),
-    };
-    let numel = t.numel();
-    let mut bytes = vec![0u8; numel * size];
-    t.f_copy_data_u8(&mut bytes, numel)?;
-    Ok(HostTensor { dtype, shape: t.size().iter().map(|&d| d as usize).collect(), bytes })
+    })
+}
+
+/// Named tensors as the bytes of one safetensors file, each in `kind` (or in
+/// its own dtype): the file `safetensors::serialize` writes (tensors sorted by
+/// dtype, largest first, then by name; the header padded with spaces to 8
+/// bytes), but every tensor is copied once, straight into its place in the
+/// file. From a GPU that copy is the device-to-host copy itself; a dtype
+/// change happens in the same copy.
+pub fn safetensors_image(tensors: &[(String, Tensor)], kind: Option<Kind>, metadata: Option<HashMap<String, String>>) -> Result<Vec<u8>> {
+    let mut planned = tensors
+        .iter()
+        .map(|(name, t)| {
+            let k = kind.unwrap_or(t.kind());
+            let (dtype, size) = file_dtype(k)?;
+            let shape: Vec<usize> = t.size().iter().map(|&d| d as usize).collect();
+            Ok((name, t, k, dtype, shape.iter().product::<usize>() * size, shape))
+        })
+        .collect::<Result<Vec<_>>>()?;
+    planned.sort_by(|a, b| b.3.cmp(&a.3).then(a.0.cmp(b.0)));
+    let mut offset = 0usize;
+    let mut infos = Vec::with_capacity(planned.len());
+    for (name, _, _, dtype, bytes, shape) in &planned {
+        infos.push(((*name).clone(), TensorInfo { dtype: *dtype, shape: shape.clone(), data_offsets: (offset, offset + bytes) }));
+        offset += bytes;
+    }
+    let meta = Metadata::new(metadata, infos).map_err(|e| ModelError::Input(format!("safetensors: {e}")))?;
+    let mut header = serde_json::to_vec(&meta).map_err(|e| ModelError::Input(format!("safetensors header: {e}")))?;
+    header.resize(header.len().next_multiple_of(8), b' ');
+    let data = 8 + header.len();
+    // Zeroed by the allocator (fresh pages for a large file, no memset); every byte is written below.
+    let mut image = vec![0u8; data + offset];
+    image[..8].copy_from_slice(&(header.len() as u64).to_le_bytes());
+    image[8..data].copy_from_slice(&header);
+    // SAFETY: `dst` views `image`, which outlives it; the copies into it are synchronous.
+    let dst = unsafe { Tensor::from_blob(image.as_mut_ptr(), &[image.len() as i64], &[1], Kind::Uint8, Device::Cpu) };
+    let mut at = data as i64;
+    tch::no_grad(|| {
+        for (_, t, k, _, bytes, _) in &planned {
+            let place = dst.f_narrow(0, at, *bytes as i64)?.f_view_dtype(*k)?;
+            place.f_view(t.size().as_slice())?.f_copy_(&t.detach())?;
+            at += *bytes as i64;
+        }
+        Ok::<(), tch::TchError>(())
+    })?;
+    drop(dst);
+    Ok(image)
 }
 
 /// Named tensors as the bytes of one safetensors file (copied to the host, in their own dtypes).
 pub fn safetensors_bytes(tensors: &[(String, Tensor)], metadata: Option<HashMap<String, String>>) -> Result<Vec<u8>> {
-    let host: BTreeMap<String, HostTensor> = tensors.iter().map(|(n, t)| Ok((n.clone(), to_host(t)?))).collect::<Result<_>>()?;
-    safetensors::tensor::serialize(host.iter().map(|(n, t)| (n.as_str(), t)), metadata).map_err(|e| ModelError::Input(format!("safetensors: {e}")))
+    safetensors_image(tensors, None, metadata)
 }
 
 /// Write named tensors as one safetensors file with `{"format": "pt"}` metadata, atomically.
 pub fn write_safetensors(path: &Path, tensors: &[(String, Tensor)]) -> Result<()> {
+    write_safetensors_as(path, tensors, None)
+}
+
+/// [`write_safetensors`], every tensor in `kind` (or in its own dtype).
+fn write_safetensors_as(path: &Path, tensors: &[(String, Tensor)], kind: Option<Kind>) -> Result<()> {
     let meta: HashMap<String, String> = [("format".to_string(), "pt".to_string())].into();
-    let bytes = safetensors_bytes(tensors, Some(meta)).map_err(|e| ModelError::BadFile { path: path.to_path_buf(), message: e.to_string() })?;
+    let bytes = safetensors_image(tensors, kind, Some(meta)).map_err(|e| ModelError::BadFile { path: path.to_path_buf(), message: e.to_string() })?;
     write_atomic(path, &bytes)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use safetensors::tensor::{serialize, TensorView};
+
+    /// The file safetensors itself writes from the tensors' host bytes: the oracle.
+    fn oracle(tensors: &[(String, Tensor)], metadata: Option<HashMap<String, String>>) -> Vec<u8> {
+        let host: Vec<(String, Dtype, Vec<usize>, Vec<u8>)> = tensors
+            .iter()
+            .map(|(n, t)| {
+                let (dtype, size) = file_dtype(t.kind()).unwrap();
+                let mut b = vec![0u8; size * t.numel()];
+                t.contiguous().copy_data_u8(&mut b, t.numel());
+                (n.clone(), dtype, t.size().iter().map(|&d| d as usize).collect(), b)
+            })
+            .collect();
+        serialize(host.iter().map(|(n, d, s, b)| (n.as_str(), TensorView::new(*d, s.clone(), b).unwrap())), metadata).unwrap()
+    }
+
+    #[test]
+    fn an_image_is_the_file_safetensors_writes_for_every_dtype_shape_and_metadata() {
+        tch::manual_seed(7);
+        let f = Tensor::randn([3, 5], (Kind::Float, Device::Cpu));
+        let tensors: Vec<(String, Tensor)> = vec![
+            ("z.weight".into(), f.shallow_clone()),
+            ("a.bf16".into(), Tensor::randn([7], (Kind::Float, Device::Cpu)).to_kind(Kind::BFloat16)),
+            ("m.step".into(), Tensor::from_slice(&[42i64])),
+            ("m.scalar".into(), Tensor::from(2.5f64)),
+            ("b.bytes".into(), Tensor::from_slice(&[1u8, 2, 3])),
+            ("c.empty".into(), Tensor::zeros([0, 4], (Kind::Float, Device::Cpu))),
+            ("d.half".into(), Tensor::randn([2, 3], (Kind::Float, Device::Cpu)).to_kind(Kind::Half)),
+            ("e.transposed".into(), f.transpose(0, 1)),
+        ];
+        let meta: HashMap<String, String> = [("format".to_string(), "pt".to_string())].into();
+        assert!(safetensors_image(&tensors, None, Some(meta.clone())).unwrap() == oracle(&tensors, Some(meta)));
+        assert!(safetensors_image(&tensors, None, None).unwrap() == oracle(&tensors, None));
+        // One dtype for all: each tensor converted as it is copied.
+        let floats: Vec<(String, Tensor)> = tensors.iter().map(|(n, t)| (n.clone(), t.to_kind(Kind::Float))).collect();
+        assert!(safetensors_image(&tensors, Some(Kind::Float), None).unwrap() == oracle(&floats, None));
+        // A dtype safetensors cannot hold is an error, not a panic.
+        let bad = vec![("x".to_string(), Tensor::from_slice(&[true]))];
+        assert!(safetensors_image(&bad, None, None).unwrap_err().to_string().contains("cannot save dtype"));
+    }
 }

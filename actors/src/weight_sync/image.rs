@@ -9,7 +9,7 @@
 //! the image, copied into the model's parameters.
 use rlmesh_comm::digest::BucketDigests;
 use rlmesh_model::Transformer;
-use safetensors::tensor::{Dtype, Metadata, TensorInfo};
+use safetensors::tensor::{Dtype, Metadata};
 use serde::{Deserialize, Serialize};
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
@@ -118,55 +118,15 @@ pub enum WeightError {
     Model(#[from] rlmesh_model::ModelError),
 }
 
-/// Pack a model's parameters as version `version` (float32 on the host, whatever the model's dtype and device).
-///
-/// The image is the safetensors file `safetensors::serialize` would write
-/// (tensors sorted by name, header padded to 8 bytes), but every parameter is
-/// copied once, straight into its place in the image: from a GPU that is one
-/// device-to-host copy per tensor, with no staging tensor, no per-tensor host
-/// buffer and no second copy into the file.
+/// Pack a model's parameters as version `version` (float32 on the host,
+/// whatever the model's dtype and device): each parameter copied once,
+/// straight into its place in the safetensors image
+/// ([`rlmesh_model::io::safetensors_image`]).
 pub fn pack(model: &Transformer, version: u64) -> WeightUpdate {
-    let mut vars: Vec<(String, Tensor)> = model.vs.variables().into_iter().collect();
-    vars.sort_by(|a, b| a.0.cmp(&b.0));
-    let (head, offsets) = layout(&vars);
-    let total = head.len() + offsets.last().map_or(0, |&(_, e)| e);
-    // Zeroed by the allocator (fresh pages for a large image, no memset); every byte is written below.
-    let mut image = vec![0u8; total];
-    image[..head.len()].copy_from_slice(&head);
-    {
-        // SAFETY: `dst` views `image`, which outlives it; the copies into it are synchronous.
-        let dst = unsafe { Tensor::from_blob(image.as_mut_ptr(), &[total as i64], &[1], Kind::Uint8, Device::Cpu) };
-        tch::no_grad(|| {
-            for ((_, t), &(s, e)) in vars.iter().zip(&offsets) {
-                let at = (head.len() + s) as i64;
-                dst.narrow(0, at, (e - s) as i64).view_dtype(Kind::Float).view(t.size().as_slice()).copy_(&t.detach());
-            }
-        });
-    }
+    let vars: Vec<(String, Tensor)> = model.vs.variables().into_iter().collect();
+    let image = rlmesh_model::io::safetensors_image(&vars, Some(Kind::Float), None).expect("float32 tensors serialise");
     let buckets = BucketDigests::of(&image, WEIGHT_BUCKET_BYTES);
     WeightUpdate { version, digest: buckets.combined(), buckets, image, arrived: None, on_device: None }
-}
-
-/// The first bytes of a float32 safetensors image of `vars` (sorted by name):
-/// the header's length and the header, padded with spaces to 8 bytes as
-/// safetensors pads it; and each tensor's data range, after those bytes.
-fn layout(vars: &[(String, Tensor)]) -> (Vec<u8>, Vec<(usize, usize)>) {
-    let mut offset = 0usize;
-    let mut infos = Vec::with_capacity(vars.len());
-    let mut offsets = Vec::with_capacity(vars.len());
-    for (name, t) in vars {
-        let shape: Vec<usize> = t.size().iter().map(|&d| d as usize).collect();
-        let end = offset + 4 * shape.iter().product::<usize>();
-        infos.push((name.clone(), TensorInfo { dtype: Dtype::F32, shape, data_offsets: (offset, end) }));
-        offsets.push((offset, end));
-        offset = end;
-    }
-    let meta = Metadata::new(None, infos).expect("tensors in order of their offsets");
-    let mut header = serde_json::to_vec(&meta).expect("a safetensors header serialises");
-    header.resize(header.len().next_multiple_of(8), b' ');
-    let mut head = (header.len() as u64).to_le_bytes().to_vec();
-    head.extend(header);
-    (head, offsets)
 }
 
 /// Verify and load an update into a model.
