@@ -41,6 +41,32 @@ fn bench_weight_sync_reports_bandwidth_ratio_and_digest_share() {
     assert!(stderr(&o).contains("--receivers"), "{}", stderr(&o));
 }
 
+/// `launcher bench pack` alternates rlmesh's packing with `safetensors.torch.save` (the real
+/// peer, in the set-up's Python) on the same weights; both must make the same file.
+#[test]
+fn bench_pack_alternates_rounds_with_safetensors_and_both_make_the_same_file() {
+    let o = launcher(&["bench", "pack", "--models", "tiny", "--repeats", "2", "--rounds", "3", "--threads", "1"]);
+    assert_eq!(code(&o), 0, "{}", stderr(&o));
+    let out = stdout(&o);
+    let report: Value = serde_json::from_str(out.lines().last().unwrap()).unwrap();
+    let row = &report["rows"][0];
+    assert_eq!(row["identical_image"], true, "the peer's image differs from rlmesh's: {row}");
+    let ratios: Vec<f64> = serde_json::from_value(row["round_ratios"].clone()).unwrap();
+    assert_eq!(ratios.len(), 3, "{row}");
+    let mut sorted = ratios.clone();
+    sorted.sort_by(f64::total_cmp);
+    assert_eq!(row["ratio"].as_f64().unwrap(), sorted[1], "{row}");
+    let (image, pack, peer) = (row["rlmesh_image_s"].as_f64().unwrap(), row["rlmesh_pack_s"].as_f64().unwrap(), row["peer_s"].as_f64().unwrap());
+    assert!(image > 0.0 && pack > 0.0 && peer > 0.0, "{row}");
+    // The tiny test model's float32 parameters, plus the safetensors header.
+    assert!(row["bytes"].as_u64().unwrap() > 4 * 100_000, "{row}");
+    assert_eq!(stderr(&o).matches(" round ").count(), 3, "{}", stderr(&o));
+
+    let o = launcher(&["bench", "pack", "--rounds", "0"]);
+    assert_eq!(code(&o), 2);
+    assert!(stderr(&o).contains("--repeats, --rounds: at least 1"), "{}", stderr(&o));
+}
+
 /// `launcher bench generate` alternates rlmesh and transformers `generate` (the real peer,
 /// in the set-up's Python) and reports the median of the rounds' ratios.
 #[test]

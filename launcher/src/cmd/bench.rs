@@ -29,6 +29,8 @@ enum Bench {
     Allreduce(AllreduceArgs),
     /// CPU weight sync (bucketed broadcast, XXH3 per bucket) from one sender to 1, 2 and 4 receiver processes vs the loopback copy bandwidth.
     WeightSync(WeightSyncArgs),
+    /// Packing one policy version (float32 safetensors image, plus its bucket digests) vs `safetensors.torch.save` on the same weights.
+    Pack(super::bench_pack::PackArgs),
     /// RL-phase steps/s of one recipe on local (one process) vs local-procs (six), in alternating rounds.
     Pipeline(super::bench_pipeline::PipelineArgs),
     /// Whole RL steps of one recipe vs TRL's GRPOTrainer on the same work (weights, prompts, tools, reward), in alternating rounds.
@@ -138,12 +140,13 @@ pub fn run(a: BenchArgs) -> CliResult {
         Bench::Learner(l) => learner(l),
         Bench::Allreduce(r) => allreduce(r),
         Bench::WeightSync(w) => weight_sync(w),
+        Bench::Pack(p) => super::bench_pack::pack_bench(p),
         Bench::Pipeline(p) => super::bench_pipeline::pipeline(p),
         Bench::Grpo(g) => super::bench_grpo::grpo(g),
     }
 }
 
-fn threads_or_all(threads: Option<usize>) -> usize {
+pub(super) fn threads_or_all(threads: Option<usize>) -> usize {
     threads.unwrap_or_else(|| std::thread::available_parallelism().map(|n| n.get()).unwrap_or(1))
 }
 
@@ -217,7 +220,7 @@ fn weight_sync(w: WeightSyncArgs) -> CliResult {
     Ok(())
 }
 
-fn resolve_model(name: &str) -> CliResult<PathBuf> {
+pub(super) fn resolve_model(name: &str) -> CliResult<PathBuf> {
     let models = models_dir()?;
     match name {
         "smollm2" => Ok(models.join("smollm2-135m")),

@@ -1,6 +1,7 @@
 //! One module per group of subcommands.
 pub mod bench;
 pub mod bench_grpo;
+pub mod bench_pack;
 pub mod bench_pipeline;
 pub mod chat;
 pub mod inspect;
