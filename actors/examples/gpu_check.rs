@@ -509,7 +509,7 @@ fn weight_sync(args: &[String]) -> Res<()> {
 
 fn weight_sync_rank(o: &Opts, rank: usize) -> Res<()> {
     use rlmesh_actors::node::weights::{GroupSpec, WeightGroup};
-    use rlmesh_actors::weight_sync::image::{apply, pack};
+    use rlmesh_actors::weight_sync::image::{apply, pack, pack_on_device};
     let rings: Vec<String> = std::env::var("RLMESH_PAIR_RINGS")?.split(',').map(String::from).collect();
     let dir = PathBuf::from(o.get("model", "/tmp/gpu-check-models/smollm2-shape"));
     let dev = o.device()?;
@@ -535,12 +535,15 @@ fn weight_sync_rank(o: &Opts, rank: usize) -> Res<()> {
                 }));
                 sync(dev);
                 let t = Instant::now();
-                let update = pack(&model, v);
+                // As a learner node publishes: into an NCCL group from its GPU, packed there.
+                let on_gpu = group.over_nccl() && cuda.is_some();
+                let update = if on_gpu { pack_on_device(&model, v) } else { pack(&model, v) };
+                sync(dev);
                 let pack_s = t.elapsed().as_secs_f64();
-                let bytes = update.image.len();
+                let bytes = update.buckets.len;
                 let send_s = rt.block_on(group.send(update).wait())?;
                 report["bytes"] = json!(bytes);
-                rows.push(json!({"version": v, "pack_s": pack_s, "send_s": send_s, "gb_s": bytes as f64 / 1e9 / send_s}));
+                rows.push(json!({"version": v, "pack_s": pack_s, "packed_on_gpu": on_gpu, "send_s": send_s, "gb_s": bytes as f64 / 1e9 / send_s}));
             } else {
                 let t = Instant::now();
                 let update = rt.block_on(group.receive().wait())?;

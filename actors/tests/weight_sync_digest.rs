@@ -214,3 +214,52 @@ fn a_packed_image_is_the_file_safetensors_writes() {
         }
     }
 }
+
+/// The image an NCCL group's learner packs on its own device (here the CPU,
+/// through the same code a GPU takes): the same bytes as a host pack, none of
+/// them in host memory, no digest until the link computes it on the device;
+/// loaded as it is, it gives the sender's parameters; brought down for a ring
+/// (`to_host`), it is exactly the host pack, digests included.
+#[test]
+fn an_image_packed_on_the_device_is_the_host_pack_and_loads_exactly() {
+    use rlmesh_actors::weight_sync::image::{pack_on_device, WEIGHT_BUCKET_BYTES};
+    let sender = model(8);
+    let seqs = vec![vec![2u32, 7, 1, 8, 2]];
+    let host = pack(&sender, 5);
+    let dev = pack_on_device(&sender, 5);
+    let held = dev.on_device.as_ref().expect("the image stays on the device");
+    assert!(dev.image.is_empty() && held.mismatch.is_none() && dev.digest == 0 && dev.buckets.digests.is_empty(), "{dev:?}");
+    assert_eq!((dev.version, dev.buckets.len, dev.buckets.bucket_bytes), (5, host.image.len(), WEIGHT_BUCKET_BYTES));
+    {
+        let t = held.bytes.lock().unwrap();
+        assert_eq!((t.kind(), t.device(), t.numel()), (Kind::Uint8, sender.device(), host.image.len()));
+        let mut bytes = vec![0u8; t.numel()];
+        t.copy_data_u8(&mut bytes, t.numel());
+        assert!(bytes == host.image, "the device image differs from the host pack");
+    }
+    let receiver = model(9);
+    assert_ne!(receiver.score(&seqs).unwrap(), sender.score(&seqs).unwrap());
+    assert_eq!(apply(&receiver, &dev).unwrap().version, 5);
+    assert_eq!(receiver.score(&seqs).unwrap(), sender.score(&seqs).unwrap());
+    assert_eq!(dev.clone().to_host(), host);
+    assert_eq!(host.clone().to_host(), host, "a host update is left as it is");
+}
+
+/// A learner that packed on its device but whose group sends along the ring
+/// (its members are not all on GPUs): the ring brings the image down and sends
+/// the host pack's bytes and digests.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_device_image_goes_along_the_ring_as_the_host_pack() {
+    use rlmesh_actors::node::weights::{GroupSpec, WeightGroup};
+    use rlmesh_actors::weight_sync::image::pack_on_device;
+    let addr = free_addr();
+    let members: Vec<WeightGroup> = (0..2).map(|rank| WeightGroup::join(&GroupSpec { rank, world: 2, addr: addr.clone(), epoch: 0, nccl: false }, "test-cookie", None, None)).collect();
+    assert!(!members[0].over_nccl());
+    let host = pack(&model(10), 2);
+    let got = members[1].receive();
+    members[0].send(pack_on_device(&model(10), 2)).wait().await.unwrap();
+    let got = got.wait().await.unwrap();
+    assert_eq!((got.version, got.digest, &got.buckets, &got.image), (2, host.digest, &host.buckets, &host.image));
+    let receiver = model(11);
+    assert_eq!(apply(&receiver, &got).unwrap().digest, host.digest);
+}

@@ -228,6 +228,61 @@ fn file_dtype(kind: Kind) -> Result<(Dtype, usize)> {
     })
 }
 
+/// Where each tensor of a safetensors file goes: the file's first bytes (the
+/// header's length and the header, padded with spaces to 8 bytes, as
+/// `safetensors::serialize` writes them), then each tensor, in the file's
+/// order (sorted by dtype, largest first, then by name), with the kind it is
+/// stored in and its bytes; the file's total length.
+struct Layout<'a> {
+    head: Vec<u8>,
+    tensors: Vec<(&'a Tensor, Kind, i64)>,
+    len: usize,
+}
+
+impl<'a> Layout<'a> {
+    fn of(tensors: &'a [(String, Tensor)], kind: Option<Kind>, metadata: Option<HashMap<String, String>>) -> Result<Layout<'a>> {
+        let mut planned = tensors
+            .iter()
+            .map(|(name, t)| {
+                let k = kind.unwrap_or(t.kind());
+                let (dtype, size) = file_dtype(k)?;
+                let shape: Vec<usize> = t.size().iter().map(|&d| d as usize).collect();
+                Ok((name, t, k, dtype, shape.iter().product::<usize>() * size, shape))
+            })
+            .collect::<Result<Vec<_>>>()?;
+        planned.sort_by(|a, b| b.3.cmp(&a.3).then(a.0.cmp(b.0)));
+        let mut offset = 0usize;
+        let mut infos = Vec::with_capacity(planned.len());
+        for (name, _, _, dtype, bytes, shape) in &planned {
+            infos.push(((*name).clone(), TensorInfo { dtype: *dtype, shape: shape.clone(), data_offsets: (offset, offset + bytes) }));
+            offset += bytes;
+        }
+        let meta = Metadata::new(metadata, infos).map_err(|e| ModelError::Input(format!("safetensors: {e}")))?;
+        let mut header = serde_json::to_vec(&meta).map_err(|e| ModelError::Input(format!("safetensors header: {e}")))?;
+        header.resize(header.len().next_multiple_of(8), b' ');
+        let mut head = (header.len() as u64).to_le_bytes().to_vec();
+        head.extend_from_slice(&header);
+        let len = head.len() + offset;
+        Ok(Layout { head, tensors: planned.into_iter().map(|(_, t, k, _, bytes, _)| (t, k, bytes as i64)).collect(), len })
+    }
+
+    /// Copies every tensor into its place in `dst` (a 1-D `Uint8` tensor of
+    /// at least `len` bytes whose first `head.len()` bytes are written already):
+    /// one copy each, converting the dtype and crossing devices as it goes.
+    fn fill(&self, dst: &Tensor) -> Result<()> {
+        let mut at = self.head.len() as i64;
+        tch::no_grad(|| {
+            for (t, k, bytes) in &self.tensors {
+                let place = dst.f_narrow(0, at, *bytes)?.f_view_dtype(*k)?;
+                place.f_view(t.size().as_slice())?.f_copy_(&t.detach())?;
+                at += bytes;
+            }
+            Ok::<(), tch::TchError>(())
+        })?;
+        Ok(())
+    }
+}
+
 /// Named tensors as the bytes of one safetensors file, each in `kind` (or in
 /// its own dtype): the file `safetensors::serialize` writes (tensors sorted by
 /// dtype, largest first, then by name; the header padded with spaces to 8
@@ -235,42 +290,26 @@ fn file_dtype(kind: Kind) -> Result<(Dtype, usize)> {
 /// file. From a GPU that copy is the device-to-host copy itself; a dtype
 /// change happens in the same copy.
 pub fn safetensors_image(tensors: &[(String, Tensor)], kind: Option<Kind>, metadata: Option<HashMap<String, String>>) -> Result<Vec<u8>> {
-    let mut planned = tensors
-        .iter()
-        .map(|(name, t)| {
-            let k = kind.unwrap_or(t.kind());
-            let (dtype, size) = file_dtype(k)?;
-            let shape: Vec<usize> = t.size().iter().map(|&d| d as usize).collect();
-            Ok((name, t, k, dtype, shape.iter().product::<usize>() * size, shape))
-        })
-        .collect::<Result<Vec<_>>>()?;
-    planned.sort_by(|a, b| b.3.cmp(&a.3).then(a.0.cmp(b.0)));
-    let mut offset = 0usize;
-    let mut infos = Vec::with_capacity(planned.len());
-    for (name, _, _, dtype, bytes, shape) in &planned {
-        infos.push(((*name).clone(), TensorInfo { dtype: *dtype, shape: shape.clone(), data_offsets: (offset, offset + bytes) }));
-        offset += bytes;
-    }
-    let meta = Metadata::new(metadata, infos).map_err(|e| ModelError::Input(format!("safetensors: {e}")))?;
-    let mut header = serde_json::to_vec(&meta).map_err(|e| ModelError::Input(format!("safetensors header: {e}")))?;
-    header.resize(header.len().next_multiple_of(8), b' ');
-    let data = 8 + header.len();
+    let layout = Layout::of(tensors, kind, metadata)?;
     // Zeroed by the allocator (fresh pages for a large file, no memset); every byte is written below.
-    let mut image = vec![0u8; data + offset];
-    image[..8].copy_from_slice(&(header.len() as u64).to_le_bytes());
-    image[8..data].copy_from_slice(&header);
+    let mut image = vec![0u8; layout.len];
+    image[..layout.head.len()].copy_from_slice(&layout.head);
     // SAFETY: `dst` views `image`, which outlives it; the copies into it are synchronous.
     let dst = unsafe { Tensor::from_blob(image.as_mut_ptr(), &[image.len() as i64], &[1], Kind::Uint8, Device::Cpu) };
-    let mut at = data as i64;
-    tch::no_grad(|| {
-        for (_, t, k, _, bytes, _) in &planned {
-            let place = dst.f_narrow(0, at, *bytes as i64)?.f_view_dtype(*k)?;
-            place.f_view(t.size().as_slice())?.f_copy_(&t.detach())?;
-            at += *bytes as i64;
-        }
-        Ok::<(), tch::TchError>(())
-    })?;
+    layout.fill(&dst)?;
     drop(dst);
+    Ok(image)
+}
+
+/// [`safetensors_image`] built in a 1-D `Uint8` tensor on `device` instead
+/// of host memory: the same bytes, with each tensor copied once within
+/// that device (a GPU's parameters never pass through the host; only the
+/// header, a few KB, is copied up).
+pub fn safetensors_image_on(tensors: &[(String, Tensor)], kind: Option<Kind>, metadata: Option<HashMap<String, String>>, device: Device) -> Result<Tensor> {
+    let layout = Layout::of(tensors, kind, metadata)?;
+    let image = Tensor::f_empty([layout.len as i64], (Kind::Uint8, device))?;
+    image.f_narrow(0, 0, layout.head.len() as i64)?.f_copy_(&Tensor::from_slice(&layout.head))?;
+    layout.fill(&image)?;
     Ok(image)
 }
 
@@ -333,5 +372,12 @@ mod tests {
         // A dtype safetensors cannot hold is an error, not a panic.
         let bad = vec![("x".to_string(), Tensor::from_slice(&[true]))];
         assert!(safetensors_image(&bad, None, None).unwrap_err().to_string().contains("cannot save dtype"));
+        // Built in a tensor on a device (here the CPU, through the same code a GPU takes): the same file.
+        let on = safetensors_image_on(&tensors, Some(Kind::Float), None, Device::Cpu).unwrap();
+        assert_eq!((on.kind(), on.size()), (Kind::Uint8, vec![oracle(&floats, None).len() as i64]));
+        let mut bytes = vec![0u8; on.numel()];
+        on.copy_data_u8(&mut bytes, on.numel());
+        assert!(bytes == oracle(&floats, None));
+        assert!(safetensors_image_on(&bad, None, None, Device::Cpu).unwrap_err().to_string().contains("cannot save dtype"));
     }
 }

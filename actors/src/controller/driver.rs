@@ -107,7 +107,7 @@ impl Driver {
     }
 
     pub(super) async fn snapshot(&mut self, version: u64) -> Result<(), RunError> {
-        let update = ractor::call!(self.learner, LearnerMsg::Snapshot, version).map_err(actor_err("learner"))?;
+        let update = ractor::call!(self.learner, LearnerMsg::Snapshot, version, false).map_err(actor_err("learner"))?;
         self.latest = Some(update);
         Ok(())
     }

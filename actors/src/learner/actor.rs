@@ -2,7 +2,7 @@
 //! policy-gradient batches, publishing weight images and writing checkpoints.
 use super::{CheckpointMeta, Learner, LearnerConfig, SftBatch, StepStats, TrainBatch};
 use crate::device::DeviceThread;
-use crate::weight_sync::image::{pack, WeightUpdate};
+use crate::weight_sync::image::{pack, pack_on_device, WeightUpdate};
 use ractor::{Actor, ActorProcessingErr, ActorRef, RpcReplyPort};
 use rlmesh_comm::cpu::RingAbort;
 use rlmesh_comm::{Buf, Collective, DType, NcclComm, NcclId, ReduceOp, RingComm, RingConfig};
@@ -17,8 +17,10 @@ pub enum LearnerMsg {
     Train(TrainBatch, RpcReplyPort<Result<StepStats, String>>),
     /// Change the learning rate and clip settings (SFT → RL).
     Configure(LearnerConfig, RpcReplyPort<Result<(), String>>),
-    /// The current weights as policy version `u64`.
-    Snapshot(u64, RpcReplyPort<WeightUpdate>),
+    /// The current weights as policy version `u64`; with `true` (for an NCCL
+    /// weight-sync group) a GPU learner keeps the image on its GPU
+    /// ([`pack_on_device`]), otherwise it is packed into host memory.
+    Snapshot(u64, bool, RpcReplyPort<WeightUpdate>),
     /// Write a checkpoint under the root directory.
     Checkpoint(PathBuf, CheckpointMeta, RpcReplyPort<Result<PathBuf, String>>),
     /// Replace the learner by the newest usable checkpoint under the root directory
@@ -128,8 +130,8 @@ impl Actor for LearnerActor {
                 let out = device.run(move |l| l.reconfigure(config).map_err(|e| e.to_string())).await?;
                 let _ = reply.send(out);
             }
-            LearnerMsg::Snapshot(version, reply) => {
-                let out = device.run(move |l| pack(l.model(), version)).await?;
+            LearnerMsg::Snapshot(version, on_device, reply) => {
+                let out = device.run(move |l| if on_device && l.model().device().is_cuda() { pack_on_device(l.model(), version) } else { pack(l.model(), version) }).await?;
                 let _ = reply.send(out);
             }
             LearnerMsg::Checkpoint(root, meta, reply) => {

@@ -3,15 +3,18 @@
 //!
 //! The group's TCP ring stays connected beside the NCCL communicator: it
 //! carries the vote that every member can use NCCL, rank 0's unique id, and
-//! each version's header (version, XXH3 bucket digests of the image, and the
+//! each version's header (version, the image's bucket digests, and the
 //! WordMix64 digest of each bucket as rank 0's GPU holds it). The image goes
 //! over NCCL; each receiver digests every bucket on its GPU (the NVRTC kernel
 //! of `rlmesh_comm::device_digest`); the rollout actor refuses the version,
 //! naming the bucket and counting it, when one differs from rank 0's (the
 //! check `weight_sync::image::verify` makes), and otherwise loads it from that
 //! GPU buffer ([`crate::weight_sync::image::load_tensor`]): no host copy on
-//! the receiving side. (Rank 0 packs the learner's parameters on the host and
-//! copies the image to its GPU before the broadcast.)
+//! the receiving side. A learner on a GPU packs the image there
+//! ([`crate::weight_sync::image::pack_on_device`]), so no host copy on the
+//! sending side either; its header then names the version by the device
+//! digests (a host image, from a CPU learner, is copied up and keeps its XXH3
+//! digests).
 //!
 //! The image crosses NCCL as 32-bit words (NCCL's broadcast copies bits
 //! unchanged; the last word is zero-padded on every member).
@@ -23,6 +26,7 @@
 use super::weights::{receive_header, send_header, Header, GROUP_TIMEOUT};
 use crate::weight_sync::image::{DeviceImage, WeightUpdate};
 use rlmesh_comm::device_digest::DeviceDigest;
+use rlmesh_comm::digest::BucketDigests;
 use rlmesh_comm::nccl::NCCL_ID_BYTES;
 use rlmesh_comm::{nccl_available, Buf, Collective, CollectiveExt, DType, NcclComm, NcclId, RingComm};
 use std::sync::atomic::AtomicBool;
@@ -80,20 +84,48 @@ impl NcclLink {
         Ok(NcclLink { ring, comm, digest, device })
     }
 
-    /// Rank 0: the image onto this GPU, its buckets digested there, the header
-    /// over the ring, the image over NCCL. Returns the seconds it took.
+    /// Rank 0: the image on this GPU (packed there by the learner,
+    /// [`crate::weight_sync::image::pack_on_device`], or copied up from a host
+    /// image), its buckets digested there, the header over the ring, the image
+    /// over NCCL. Returns the seconds it took.
     pub(super) fn send(&mut self, update: WeightUpdate) -> Result<f64, String> {
         let t0 = Instant::now();
-        let n = update.image.len();
-        let dev = self.words(n, update.version)?;
-        // SAFETY: `update.image` outlives `host`, which is only read by the synchronous copy below.
-        let host = unsafe { Tensor::from_blob(update.image.as_ptr(), &[n as i64], &[1], Kind::Uint8, Device::Cpu) };
-        dev.narrow(0, 0, n as i64).copy_(&host);
-        drop(host);
+        let (dev, n) = match &update.on_device {
+            Some(image) => self.on_this_gpu(&image.bytes.lock().expect("device image lock"), update.version)?,
+            None => {
+                let n = update.image.len();
+                // SAFETY: `update.image` outlives `host`, which is only read by the synchronous copy below.
+                let host = unsafe { Tensor::from_blob(update.image.as_ptr(), &[n as i64], &[1], Kind::Uint8, Device::Cpu) };
+                let dev = self.words(n, update.version)?;
+                dev.narrow(0, 0, n as i64).copy_(&host);
+                (dev, n)
+            }
+        };
         let device_digests = self.bucket_digests(&dev, n, update.buckets.bucket_bytes)?;
-        send_header(&mut self.ring, &Header { version: update.version, digest: update.digest, buckets: update.buckets.clone(), device_digests })?;
+        // A device image has no host digests: its version is named by its device digests.
+        let (digest, buckets) = match update.on_device {
+            Some(_) => {
+                let buckets = BucketDigests { bucket_bytes: update.buckets.bucket_bytes, len: n, digests: device_digests.clone() };
+                (buckets.combined(), buckets)
+            }
+            None => (update.digest, update.buckets),
+        };
+        send_header(&mut self.ring, &Header { version: update.version, digest, buckets, device_digests })?;
         self.broadcast(&dev, update.version)?;
         Ok(t0.elapsed().as_secs_f64())
+    }
+
+    /// A device image as the broadcast's buffer on this GPU: itself when it is
+    /// already one here of whole 32-bit words (a float32 safetensors image
+    /// always is), otherwise a device-to-device copy into one.
+    fn on_this_gpu(&self, image: &Tensor, version: u64) -> Result<(Tensor, usize), String> {
+        let n = image.numel();
+        if image.device() == Device::Cuda(self.device) && n % 4 == 0 && image.is_contiguous() {
+            return Ok((image.shallow_clone(), n));
+        }
+        let dev = self.words(n, version)?;
+        dev.narrow(0, 0, n as i64).f_copy_(image).map_err(|e| format!("weight update v{version}: the image onto GPU {}: {e}", self.device))?;
+        Ok((dev, n))
     }
 
     /// Any other rank: the header, the image into this GPU over NCCL, every

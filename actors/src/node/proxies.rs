@@ -172,7 +172,8 @@ impl Actor for RemoteLearner {
                     other => Err(format!("expected a checkpoint record, got {other:?}")),
                 }));
             }
-            LearnerMsg::Snapshot(version, reply) => match Self::call(s, LearnerCall::Snapshot(version)).await {
+            // A version crossing processes as data is a host image, whatever was asked.
+            LearnerMsg::Snapshot(version, _, reply) => match Self::call(s, LearnerCall::Snapshot(version)).await {
                 Ok(Reply::Data(DataMsg::Snapshot { update, .. })) => {
                     let _ = reply.send(update);
                 }

@@ -457,11 +457,14 @@ fn on_data(hosted: &Hosted, msg: DataMsg, outboxes: &Outboxes, tx: &ControlSende
                 }
                 Ok(LearnerCall::Regroup { spec, abort }) => regroup(hosted, &spec, abort, cookie),
                 Ok(LearnerCall::Publish(version)) => {
+                    // An NCCL group sends the image from the learner's GPU: it is packed there.
+                    let group = hosted.group();
+                    let on_device = group.as_ref().is_some_and(|g| g.over_nccl());
                     let (port, rx) = ractor::concurrency::oneshot();
-                    let queued = learner.send_message(LearnerMsg::Snapshot(version, port.into())).map_err(|e| format!("learner actor: {e}"));
+                    let queued = learner.send_message(LearnerMsg::Snapshot(version, on_device, port.into())).map_err(|e| format!("learner actor: {e}"));
                     match (queued, &hosted.publishes) {
                         (Ok(()), Some(p)) => {
-                            let _ = p.send((id, rx, hosted.group()));
+                            let _ = p.send((id, rx, group));
                         }
                         (Err(e), _) => {
                             tokio::spawn(async move { outboxes.send(&to, DataMsg::LearnerDone { id, rank, result: Err(e) }).await });
@@ -473,7 +476,7 @@ fn on_data(hosted: &Hosted, msg: DataMsg, outboxes: &Outboxes, tx: &ControlSende
                     }
                 }
                 Ok(LearnerCall::Snapshot(version)) => {
-                    let rx = enqueue!(Snapshot, version);
+                    let rx = enqueue!(Snapshot, version, false);
                     tokio::spawn(async move {
                         let msg = match rx {
                             Ok(rx) => match rx.await {

@@ -85,6 +85,7 @@ enum Job {
 pub struct WeightGroup {
     tx: mpsc::Sender<Job>,
     rank: u32,
+    nccl: bool,
     abort: Arc<Abort>,
 }
 
@@ -168,7 +169,7 @@ impl WeightGroup {
                 }
             })
             .expect("spawn the weight-sync thread");
-        WeightGroup { tx, rank, abort }
+        WeightGroup { tx, rank, nccl, abort }
     }
 
     /// Aborts this member's collective: a broadcast blocked on a member that is
@@ -186,6 +187,11 @@ impl WeightGroup {
     /// This member's rank.
     pub fn rank(&self) -> u32 {
         self.rank
+    }
+
+    /// Whether the group's images go over NCCL (device to device) rather than the ring.
+    pub fn over_nccl(&self) -> bool {
+        self.nccl
     }
 
     /// Rank 0: queues a broadcast of `update` (broadcasts run in the order they
@@ -244,6 +250,8 @@ pub(super) fn receive_header(c: &mut RingComm) -> Result<Header, String> {
 }
 
 fn send(c: &mut RingComm, update: WeightUpdate) -> Result<f64, String> {
+    // The ring carries host bytes: an image packed on a device comes down first.
+    let update = update.to_host();
     let t0 = Instant::now();
     send_header(c, &Header { version: update.version, digest: update.digest, buckets: update.buckets.clone(), device_digests: vec![] })?;
     // Rank 0 digested the image when it packed it.

@@ -25,7 +25,9 @@ pub struct WeightUpdate {
     pub version: u64,
     /// The combined digest of `image` (see [`BucketDigests::combined`]).
     pub digest: u64,
-    /// XXH3-64 of each [`WEIGHT_BUCKET_BYTES`] bucket of `image`.
+    /// XXH3-64 of each [`WEIGHT_BUCKET_BYTES`] bucket of `image` (of an
+    /// image sent over NCCL from a device, [`pack_on_device`], WordMix64 as
+    /// the sender's GPU computed it).
     pub buckets: BucketDigests,
     /// The parameters as one safetensors file (float32).
     pub image: Vec<u8>,
@@ -129,6 +131,32 @@ pub fn pack(model: &Transformer, version: u64) -> WeightUpdate {
     WeightUpdate { version, digest: buckets.combined(), buckets, image, arrived: None, on_device: None }
 }
 
+/// [`pack`] for an NCCL weight-sync group: the image built on the model's own
+/// device ([`rlmesh_model::io::safetensors_image_on`]), so a GPU's parameters
+/// never pass through the host, and held as [`WeightUpdate::on_device`] with
+/// an empty host `image`. Its bucket digests are not computed here: the NCCL
+/// link computes them on that device before it sends the header, so
+/// `buckets.digests` is empty and `digest` 0 until then. [`WeightUpdate::to_host`]
+/// turns it into what [`pack`] gives, for a group that sends host bytes.
+pub fn pack_on_device(model: &Transformer, version: u64) -> WeightUpdate {
+    let vars: Vec<(String, Tensor)> = model.vs.variables().into_iter().collect();
+    let image = rlmesh_model::io::safetensors_image_on(&vars, Some(Kind::Float), None, model.device()).expect("float32 tensors serialise");
+    let buckets = BucketDigests { bucket_bytes: WEIGHT_BUCKET_BYTES, len: image.numel(), digests: vec![] };
+    WeightUpdate { version, digest: 0, buckets, image: vec![], arrived: None, on_device: Some(DeviceImage::new(image, None)) }
+}
+
+impl WeightUpdate {
+    /// The update with its image in host memory and its XXH3 bucket digests
+    /// (a [`pack_on_device`] image copied down; an update already on the host
+    /// unchanged).
+    pub fn to_host(self) -> WeightUpdate {
+        let Some(dev) = self.on_device else { return self };
+        let image = host_bytes(&dev.bytes.lock().expect("device image lock"));
+        let buckets = BucketDigests::of(&image, self.buckets.bucket_bytes);
+        WeightUpdate { version: self.version, digest: buckets.combined(), buckets, image, arrived: None, on_device: None }
+    }
+}
+
 /// Verify and load an update into a model.
 pub fn apply(model: &Transformer, update: &WeightUpdate) -> Result<WeightAck, WeightError> {
     let received = verify(update)?;
@@ -216,11 +244,11 @@ pub fn load_tensor(model: &Transformer, image: &Tensor, version: u64, received: 
     Ok(WeightAck { version, digest: received })
 }
 
-/// The bytes of a small 1-D `Uint8` tensor, on the host.
+/// The bytes of a 1-D `Uint8` tensor, on the host (one copy, from any device).
 fn host_bytes(t: &Tensor) -> Vec<u8> {
-    let t = t.to_device(Device::Cpu);
-    let n = t.numel();
-    let mut out = vec![0u8; n];
-    t.copy_data_u8(&mut out, n);
+    let mut out = vec![0u8; t.numel()];
+    // SAFETY: `dst` views `out`, which outlives it; the copy into it is synchronous.
+    let mut dst = unsafe { Tensor::from_blob(out.as_mut_ptr(), &[out.len() as i64], &[1], Kind::Uint8, Device::Cpu) };
+    tch::no_grad(|| dst.f_copy_(t)).expect("copying an image to the host");
     out
 }
