@@ -115,7 +115,10 @@ async fn the_weight_sync_group_broadcasts_a_version_along_the_ring() {
     use rlmesh_actors::node::weights::{GroupSpec, WeightGroup};
     let addr = free_addr();
     let members: Vec<WeightGroup> = (0..3).map(|rank| WeightGroup::join(&GroupSpec { rank, world: 3, addr: addr.clone(), epoch: 0, nccl: false }, "test-cookie", None, None)).collect();
-    let update = pack(&model(3), 7);
+    // One sender, compared with itself below: libtorch's generator is shared by the
+    // tests' threads, so a second `model(3)` need not draw the same weights.
+    let sender = model(3);
+    let update = pack(&sender, 7);
     let (a, b) = (members[1].receive(), members[2].receive());
     let sent = members[0].send(update.clone()).wait().await.unwrap();
     assert!(sent > 0.0);
@@ -124,7 +127,7 @@ async fn the_weight_sync_group_broadcasts_a_version_along_the_ring() {
         let receiver = model(4);
         assert_eq!(apply(&receiver, &got).unwrap().digest, update.digest);
         let seqs = vec![vec![2u32, 4, 6]];
-        assert_eq!(receiver.score(&seqs).unwrap(), model(3).score(&seqs).unwrap());
+        assert_eq!(receiver.score(&seqs).unwrap(), sender.score(&seqs).unwrap());
     }
 }
 
@@ -255,9 +258,10 @@ async fn a_device_image_goes_along_the_ring_as_the_host_pack() {
     let addr = free_addr();
     let members: Vec<WeightGroup> = (0..2).map(|rank| WeightGroup::join(&GroupSpec { rank, world: 2, addr: addr.clone(), epoch: 0, nccl: false }, "test-cookie", None, None)).collect();
     assert!(!members[0].over_nccl());
-    let host = pack(&model(10), 2);
+    let sender = model(10);
+    let host = pack(&sender, 2);
     let got = members[1].receive();
-    members[0].send(pack_on_device(&model(10), 2)).wait().await.unwrap();
+    members[0].send(pack_on_device(&sender, 2)).wait().await.unwrap();
     let got = got.wait().await.unwrap();
     assert_eq!((got.version, got.digest, &got.buckets, &got.image), (2, host.digest, &host.buckets, &host.image));
     let receiver = model(11);
