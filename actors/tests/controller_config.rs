@@ -343,7 +343,7 @@ fn recipe_errors_name_the_file_line_and_field() {
     let text = edit(&base, "kv_heads = 4", "kv_heads = 3");
     let err = recipe_error(&text);
     assert!(err.starts_with(&format!("configs/bad.toml:{}: field \"model.kv_heads\": must divide model.heads (8), got 3", line(&text, "kv_heads = 3"))), "{err}");
-    let text = edit(&base, "lr = 3e-4", "lr = \"fast\"");
+    let text = edit(&base, "lr = 1e-4", "lr = \"fast\"");
     let err = recipe_error(&text);
     assert!(err.starts_with(&format!("configs/bad.toml:{}: field \"rl.lr\": invalid type: string \"fast\"", line(&text, "\"fast\""))), "{err}");
 }
