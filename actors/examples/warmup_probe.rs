@@ -26,10 +26,10 @@ fn main() {
     }
     let dir = tempfile::tempdir().unwrap();
     let reg = ToolRegistry::from_names(&["calculator"], ExecLimits::default()).unwrap();
-    let tasks = generate(&MixConfig { size: 1200, tool_fraction: 0.5, multi_step_fraction: 0.0, inventory: false, three_step_fraction: 0.0, seed: 1 }).unwrap();
+    let tasks = generate(&MixConfig { size: 1200, tool_fraction: 0.5, multi_step_fraction: 0.0, inventory: false, three_step_fraction: 0.0, seed: 1, drill_words: false }).unwrap();
     let (_, test) = tasks.split_at(1000);
     let held: std::collections::HashSet<String> = test.iter().map(rlmesh_core::dataset::task_key).collect();
-    let pool = generate(&MixConfig { size: 16384, tool_fraction: 0.5, multi_step_fraction: 0.0, inventory: false, three_step_fraction: 0.0, seed: 2 }).unwrap();
+    let pool = generate(&MixConfig { size: 16384, tool_fraction: 0.5, multi_step_fraction: 0.0, inventory: false, three_step_fraction: 0.0, seed: 2, drill_words: false }).unwrap();
     let train: Vec<_> = pool.into_iter().filter(|t| !held.contains(&rlmesh_core::dataset::task_key(t))).collect();
     let train = &train[..];
     let tokdir = if tokdir.to_str() == Some("task") {
@@ -73,7 +73,7 @@ fn main() {
     }
     let rc = RolloutConfig { group_size: 1, max_turns: 3, max_tokens: 200, sampling: SamplingParams { max_new_tokens: 60, temperature: 0.0, ..Default::default() }, system_prompt: None };
     // 100 held-out tasks of the mix, then 100 of the one template that reverses the operands ("subtract X from Y").
-    let reversed: Vec<rlmesh_core::Task> = generate(&MixConfig { size: 40000, tool_fraction: 1.0, multi_step_fraction: 0.0, inventory: false, three_step_fraction: 0.0, seed: 3 })
+    let reversed: Vec<rlmesh_core::Task> = generate(&MixConfig { size: 40000, tool_fraction: 1.0, multi_step_fraction: 0.0, inventory: false, three_step_fraction: 0.0, seed: 3, drill_words: false })
         .unwrap()
         .into_iter()
         .filter(|t| t.prompt.contains(" from ") && !held.contains(&rlmesh_core::dataset::task_key(t)) && !train.iter().any(|u| u.prompt == t.prompt))

@@ -292,6 +292,20 @@ fn recipes_differ_only_in_the_reward() {
     let train_prompts: HashSet<&str> = train.iter().map(|t| t.prompt.as_str()).collect();
     assert!(held_out.iter().all(|t| !train_prompts.contains(t.prompt.as_str())), "held-out tasks are never trained on");
     assert!(held_out.iter().any(|t| t.requires_tool) && held_out.iter().any(|t| !t.requires_tool));
+
+    // Drill words change the warm-up's pool only: the RL and held-out tasks stay
+    // the same, and the pool copies words in the one-word template that the
+    // held-out set never shows it.
+    assert!(process.sft.drill_words);
+    let plain = Recipe { sft: rlmesh_actors::controller::recipe::Sft { drill_words: false, ..process.sft.clone() }, ..process.clone() };
+    assert_eq!(plain.tasks().unwrap(), (train.clone(), held_out.clone()));
+    let one_word = |pool: &[rlmesh_core::Task]| -> HashSet<String> {
+        pool.iter().filter(|t| t.prompt.starts_with("Repeat this word back")).map(|t| t.prompt.clone()).collect()
+    };
+    let (pool, plain_pool) = (process.sft_tasks(&held_out).unwrap(), plain.sft_tasks(&held_out).unwrap());
+    let held: HashSet<&str> = held_out.iter().map(|t| t.prompt.as_str()).collect();
+    assert!(pool.iter().all(|t| !held.contains(t.prompt.as_str())), "the pool never holds a held-out task");
+    assert!(one_word(&plain_pool).len() <= 30 && one_word(&pool).len() > 250, "{} and {}", one_word(&plain_pool).len(), one_word(&pool).len());
 }
 
 #[test]

@@ -21,7 +21,7 @@ fn build(dir: &Path, vocab: usize) -> Tokenizer {
 }
 
 fn build_chunked(dir: &Path, vocab: usize, digits: u32) -> Tokenizer {
-    let tasks = generate(&MixConfig { size: 300, tool_fraction: 0.5, multi_step_fraction: 0.0, inventory: false, three_step_fraction: 0.0, seed: 3 }).unwrap();
+    let tasks = generate(&MixConfig { size: 300, tool_fraction: 0.5, multi_step_fraction: 0.0, inventory: false, three_step_fraction: 0.0, seed: 3, drill_words: false }).unwrap();
     let reg = ToolRegistry::from_names(&["calculator"], ExecLimits::default()).unwrap();
     build_task_tokenizer(dir, &tasks, &reg, vocab, digits).unwrap();
     Tokenizer::load(dir).unwrap()
@@ -29,7 +29,7 @@ fn build_chunked(dir: &Path, vocab: usize, digits: u32) -> Tokenizer {
 
 fn calculator_schema() -> Vec<Value> {
     let reg = ToolRegistry::from_names(&["calculator"], ExecLimits::default()).unwrap();
-    let task = generate(&MixConfig { size: 2, tool_fraction: 1.0, multi_step_fraction: 0.0, inventory: false, three_step_fraction: 0.0, seed: 0 }).unwrap().remove(0);
+    let task = generate(&MixConfig { size: 2, tool_fraction: 1.0, multi_step_fraction: 0.0, inventory: false, three_step_fraction: 0.0, seed: 0, drill_words: false }).unwrap().remove(0);
     reg.session(&task).unwrap().schemas()
 }
 
@@ -88,7 +88,7 @@ fn numbers_split_into_chunks_of_the_recipes_width() {
         assert_eq!(tok.decode(&tok.encode("x = -0.2571428571.").unwrap(), false).unwrap(), "x = -0.2571428571.");
     }
     let dir = tempfile::tempdir().unwrap();
-    let tasks = generate(&MixConfig { size: 10, tool_fraction: 0.5, multi_step_fraction: 0.0, inventory: false, three_step_fraction: 0.0, seed: 3 }).unwrap();
+    let tasks = generate(&MixConfig { size: 10, tool_fraction: 0.5, multi_step_fraction: 0.0, inventory: false, three_step_fraction: 0.0, seed: 3, drill_words: false }).unwrap();
     let reg = ToolRegistry::from_names(&["calculator"], ExecLimits::default()).unwrap();
     let e = build_task_tokenizer(dir.path(), &tasks, &reg, 600, 4).unwrap_err().to_string();
     assert!(e.contains("number chunks of 1 to 3 digits, got 4"), "{e}");

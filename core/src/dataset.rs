@@ -70,11 +70,17 @@ pub struct MixConfig {
     pub three_step_fraction: f64,
     /// Seed of the generator.
     pub seed: u64,
+    /// Whether half the words of no-tool tasks come from [`DRILL_WORDS`], a
+    /// list no task of a mix without it uses. Meant for a warm-up's pool: with
+    /// the 30 seed words alone a one-word template has 30 prompts, the pool
+    /// keeps those the held-out set lacks, and a policy can memorise their
+    /// answers instead of learning to copy.
+    pub drill_words: bool,
 }
 
 impl Default for MixConfig {
     fn default() -> Self {
-        MixConfig { size: 512, tool_fraction: 0.5, multi_step_fraction: 0.25, inventory: true, three_step_fraction: 0.0, seed: 0 }
+        MixConfig { size: 512, tool_fraction: 0.5, multi_step_fraction: 0.25, inventory: true, three_step_fraction: 0.0, seed: 0, drill_words: false }
     }
 }
 
@@ -162,7 +168,7 @@ pub fn generate(cfg: &MixConfig) -> Result<Vec<Task>, DatasetError> {
     for (kind, count) in counts {
         for _ in 0..count {
             let task = (0..1000)
-                .map(|_| make_task(kind, draft(kind, &mut rng)))
+                .map(|_| make_task(kind, draft(kind, &mut rng, cfg.drill_words)))
                 .find(|t| seen.insert(task_key(t)))
                 .ok_or_else(|| {
                     DatasetError::Config(format!("cannot find {count} distinct {} tasks; lower the size", kind.prefix()))
@@ -206,9 +212,9 @@ pub fn task_key(t: &Task) -> String {
     }
 }
 
-fn draft(kind: Kind, rng: &mut Rng) -> Draft {
+fn draft(kind: Kind, rng: &mut Rng, drill: bool) -> Draft {
     match kind {
-        Kind::NoTool => no_tool(rng),
+        Kind::NoTool => no_tool(rng, drill),
         Kind::Calc => calc(rng),
         Kind::Calc2 => calc2(rng),
         Kind::Calc3 => calc3(rng),
@@ -216,18 +222,53 @@ fn draft(kind: Kind, rng: &mut Rng) -> Draft {
     }
 }
 
-const WORDS: &[&str] = &[
+/// The seed mix's words for no-tool tasks.
+pub const WORDS: &[&str] = &[
     "hello", "goodbye", "yes", "no", "blue", "green", "river", "mountain", "coffee", "pencil", "window", "garden",
     "planet", "silver", "orange", "tiger", "rocket", "paper", "music", "winter", "summer", "cloud", "bridge",
     "candle", "forest", "island", "lemon", "violin", "harbor", "meadow",
 ];
 
+/// Words for warm-up drills ([`MixConfig::drill_words`]); none is in [`WORDS`].
+pub const DRILL_WORDS: &[&str] = &[
+    "apple", "anchor", "arrow", "autumn", "badge", "bakery", "balloon", "bamboo", "banner", "basket", "beach",
+    "beacon", "bell", "berry", "blanket", "bottle", "breeze", "brick", "broom", "bubble", "butter", "button",
+    "cabin", "cactus", "camera", "canyon", "carpet", "castle", "cedar", "chair", "chalk", "cherry", "circle",
+    "clock", "clover", "comet", "compass", "copper", "cotton", "crayon", "crystal", "cushion", "daisy", "desert",
+    "diamond", "dolphin", "dragon", "drum", "eagle", "echo", "emerald", "engine", "falcon", "feather", "fern",
+    "festival", "flag", "flame", "flute", "fossil", "fountain", "fox", "galaxy", "ginger", "glacier", "globe",
+    "goose", "granite", "grape", "gravel", "guitar", "hammer", "hazel", "helmet", "honey", "horizon", "iris",
+    "ivory", "jacket", "jasmine", "jelly", "jungle", "kettle", "kitten", "ladder", "lantern", "lava", "leaf",
+    "library", "lily", "lizard", "magnet", "mango", "maple", "marble", "meteor", "mirror", "mist", "moon", "moss",
+    "nectar", "needle", "nest", "noodle", "oak", "ocean", "olive", "onion", "orchid", "otter", "owl", "paddle",
+    "palace", "panda", "parrot", "peach", "pebble", "penguin", "pepper", "piano", "pillow", "pine", "pirate",
+    "plum", "pocket", "pond", "poppy", "potato", "puzzle", "quartz", "quilt", "rabbit", "radar", "rain", "raven",
+    "reef", "ribbon", "robin", "rose", "ruby", "saddle", "salmon", "sand", "scarf", "shadow", "shell", "shovel",
+    "sky", "sparrow", "spider", "spoon", "spruce", "squirrel", "star", "stone", "storm", "sugar", "sunset", "swan",
+    "tablet", "teapot", "thunder", "timber", "tomato", "torch", "tower", "trail", "tulip", "turtle", "umbrella",
+    "valley", "velvet", "village", "volcano", "wagon", "walnut", "whale", "wheat", "whistle", "willow", "wind",
+    "wolf", "wool", "yarn", "zebra", "acorn", "almond", "amber", "arch", "atlas", "avocado", "bagel", "banjo",
+    "barrel", "bison", "blossom", "boulder", "bracelet", "breadcrumb", "buckle", "cable", "canoe", "caramel",
+    "carrot", "cello", "cereal", "cinnamon", "cobalt", "coconut", "coral", "cricket", "dune", "ember", "fabric",
+    "fig", "firefly", "frost", "gazelle", "geyser", "harp", "hedgehog", "hippo", "igloo", "jade", "kayak", "kiwi",
+    "koala", "lagoon", "leopard", "lotus", "lynx", "mantle", "marsh", "melon", "mint", "mitten", "moth", "muffin",
+    "mustard", "nickel", "nutmeg", "oasis", "opal", "orbit", "panther", "papaya", "pearl", "pecan", "pelican",
+    "pepperoni", "pickle", "pigeon", "pinecone", "plaza", "prairie", "pumpkin", "quail", "quiver", "raccoon",
+    "raisin", "rattle", "reindeer", "rhubarb", "saffron", "sapphire", "satin", "scooter", "seashell", "sequoia",
+    "sesame", "skate", "sled", "snowflake", "sonnet", "spinach", "sprout", "stork", "summit", "tambourine",
+    "tangerine", "thistle", "thyme", "toffee", "topaz", "tractor", "trumpet", "tundra", "turnip", "vanilla", "vase",
+    "walrus", "waffle", "wizard", "yacht", "yogurt", "zinc",
+];
+
 /// A no-tool task: the answer is text from the prompt, so it needs no tool and
 /// no knowledge a policy trained from scratch could lack — a held-out no-tool
-/// task tests the decision not to call, and copying.
-fn no_tool(rng: &mut Rng) -> Draft {
-    let w = rng.pick(WORDS).to_string();
-    let words: Vec<&str> = (0..rng.range(2, 3)).map(|_| *rng.pick(WORDS)).collect();
+/// task tests the decision not to call, and copying. With `drill`, each word
+/// is from [`DRILL_WORDS`] half the time (without it, the draws are as they
+/// always were, so a mix's tasks do not change).
+fn no_tool(rng: &mut Rng, drill: bool) -> Draft {
+    let word = |rng: &mut Rng| if drill && rng.chance(0.5) { *rng.pick(DRILL_WORDS) } else { *rng.pick(WORDS) };
+    let w = word(rng).to_string();
+    let words: Vec<&str> = (0..rng.range(2, 3)).map(|_| word(rng)).collect();
     let phrase = words.join(" ");
     let (prompt, answer) = match rng.range(0, 5) {
         0 => (format!("Reply with exactly: {w}"), w),

@@ -6,7 +6,7 @@ use rlmesh_core::{Task, TaskType};
 use std::collections::HashSet;
 
 fn mix(size: usize, seed: u64) -> Vec<Task> {
-    generate(&MixConfig { size, tool_fraction: 0.4, multi_step_fraction: 0.5, inventory: true, three_step_fraction: 0.5, seed }).unwrap()
+    generate(&MixConfig { size, tool_fraction: 0.4, multi_step_fraction: 0.5, inventory: true, three_step_fraction: 0.5, seed, drill_words: false }).unwrap()
 }
 
 #[test]
@@ -26,7 +26,7 @@ fn the_mix_has_the_configured_proportions() {
     let three = tasks.iter().filter(|t| t.gold_tool_calls.len() == 3).count();
     assert_eq!(three, 25);
     assert!(tasks.iter().filter(|t| t.gold_tool_calls.len() == 3).all(|t| t.id.starts_with("calc3-")));
-    let no_inv = generate(&MixConfig { size: 100, tool_fraction: 1.0, multi_step_fraction: 1.0, inventory: false, three_step_fraction: 0.0, seed: 0 }).unwrap();
+    let no_inv = generate(&MixConfig { size: 100, tool_fraction: 1.0, multi_step_fraction: 1.0, inventory: false, three_step_fraction: 0.0, seed: 0, drill_words: false }).unwrap();
     assert!(no_inv.iter().all(|t| t.task_type() == TaskType::MultiStep && t.environment.is_none()));
     // Not all tool tasks come first: the order is shuffled.
     assert!(tasks[..300].iter().any(|t| t.requires_tool));
@@ -101,4 +101,32 @@ fn the_held_out_split_never_overlaps_and_is_stable() {
 fn impossible_fractions_are_refused() {
     let e = generate(&MixConfig { tool_fraction: 1.5, ..MixConfig::default() }).unwrap_err();
     assert_eq!(e.to_string(), "task mix: tool_fraction must be in [0, 1], got 1.5");
+}
+
+#[test]
+fn drill_words_widen_the_no_tool_words_and_nothing_else() {
+    use rlmesh_core::dataset::{DRILL_WORDS, WORDS};
+    let cfg = |drill_words| MixConfig { size: 4000, tool_fraction: 0.5, multi_step_fraction: 0.0, inventory: false, three_step_fraction: 0.0, seed: 11, drill_words };
+    let seed_words: HashSet<&str> = WORDS.iter().copied().collect();
+    let drill: HashSet<&str> = DRILL_WORDS.iter().copied().collect();
+    assert_eq!(drill.len(), DRILL_WORDS.len(), "no drill word twice");
+    assert!(drill.is_disjoint(&seed_words));
+    let words = |tasks: &[Task]| -> Vec<String> {
+        tasks.iter().filter(|t| !t.requires_tool).flat_map(|t| t.expected_answer.as_deref().unwrap().split(' ').map(String::from).collect::<Vec<_>>()).collect()
+    };
+    // The one-word template "Repeat this word back to me and nothing else: W".
+    let one_word = |tasks: &[Task]| tasks.iter().filter(|t| t.prompt.starts_with("Repeat this word back")).count();
+    let plain = generate(&cfg(false)).unwrap();
+    assert!(words(&plain).iter().all(|w| seed_words.contains(w.as_str())));
+    assert!(one_word(&plain) <= WORDS.len());
+    let drilled = generate(&cfg(true)).unwrap();
+    let all = words(&drilled);
+    assert!(all.iter().all(|w| seed_words.contains(w.as_str()) || drill.contains(w.as_str())));
+    let share = all.iter().filter(|w| drill.contains(w.as_str())).count() as f64 / all.len() as f64;
+    assert!((0.45..0.55).contains(&share), "half the words are drill words: {share}");
+    // About 330 draws of the template over 326 words: far more than 30 prompts.
+    assert!(one_word(&drilled) > 100, "{}", one_word(&drilled));
+    // Tool tasks keep their proportions and stay gradable.
+    assert_eq!(drilled.iter().filter(|t| t.requires_tool).count(), 2000);
+    assert!(drilled.iter().all(|t| validate_task(t).is_ok()));
 }

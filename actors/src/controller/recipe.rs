@@ -363,6 +363,13 @@ pub struct Sft {
     /// answers of a few hundred tasks.
     #[serde(default = "default_sft_tasks")]
     pub tasks: usize,
+    /// Half the words the pool's no-tool tasks copy come from a second list
+    /// that no RL or held-out task uses (default false). With the seed's 30
+    /// words, "Repeat this word back to me and nothing else: W" has 30
+    /// prompts; the pool holds the 20 the held-out set lacks, and a policy
+    /// learns their answers rather than copying.
+    #[serde(default, skip_serializing_if = "is_false")]
+    pub drill_words: bool,
     /// Shares of the expert strategies the trajectories are written with.
     #[serde(default)]
     pub mix: SftMix,
@@ -481,6 +488,10 @@ impl Rl {
     }
 }
 
+fn is_false(b: &bool) -> bool {
+    !b
+}
+
 fn default_sft_micro() -> usize {
     16
 }
@@ -557,6 +568,7 @@ impl Default for Sft {
             batch_size: default_sft_batch(),
             micro_batch_size: default_sft_micro(),
             tasks: default_sft_tasks(),
+            drill_words: false,
             mix: SftMix::default(),
             share: false,
         }
@@ -644,6 +656,7 @@ impl Recipe {
             inventory: t.inventory,
             three_step_fraction: t.three_step_fraction,
             seed: t.seed,
+            drill_words: false,
         };
         let mut train = dataset::generate(&cfg)?;
         let held_out = train.split_off(t.size);
@@ -661,6 +674,7 @@ impl Recipe {
             inventory: t.inventory,
             three_step_fraction: t.three_step_fraction,
             seed: t.seed ^ 0x5f7_5eed,
+            drill_words: self.sft.drill_words,
         };
         let held: std::collections::HashSet<String> = held_out.iter().map(dataset::task_key).collect();
         Ok(dataset::generate(&cfg)?.into_iter().filter(|task| !held.contains(&dataset::task_key(task))).collect())

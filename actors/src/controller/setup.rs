@@ -10,6 +10,7 @@ use super::progress::Progress;
 use super::recipe::{EstimatorKind, JudgeName, Recipe};
 use super::run_dir::{claim_run_dir, RunDirLock};
 use super::status::{RunStatus, SlurmJob};
+use super::topology::Role;
 use super::supervisor::{RolloutSlots, RolloutSupervisor, SupervisorArgs};
 use super::warm_start;
 use crate::learner::actor::{LearnerActor, LearnerArgs, LearnerMsg};
@@ -169,7 +170,7 @@ impl Policy {
         let cores = std::thread::available_parallelism().map(|n| n.get()).unwrap_or(2) as i32;
         // A warm-up shared with the runs next to this one: restored when stored, else stored after it.
         let shared = (recipe.sft.share && !opts.resume && opts.sft_steps.is_none() && recipe.tiny_model() && recipe.sft.steps > 0)
-            .then(|| warm_start::shared_dir(recipe, dir, cores));
+            .then(|| warm_start::shared_dir(recipe, dir, cores, learner_ranks(opts)));
         let reused = shared.as_ref().is_some_and(|s| warm_start::is_stored(s));
         if let (Some(s), true) = (&shared, reused) {
             warm_start::restore(s, &model_dir).map_err(|e| setup(format!("restoring the shared warm-up {}: {e}", s.display())))?;
@@ -353,6 +354,11 @@ fn value_head(recipe: &Recipe) -> Option<ValueConfig> {
 /// The policy's initial model directory: a created tiny model (with its task
 /// tokenizer, learned here) in `RUN_DIR/initial-model`, the one a resumed run
 /// created, or the recipe's transformers directory.
+/// Data-parallel learner ranks of the run: one in a single process.
+fn learner_ranks(opts: &RunOptions) -> usize {
+    opts.fleet.as_ref().map_or(1, |f| f.plan.processes_with(Role::Learner).count().max(1))
+}
+
 fn policy_dir(recipe: &Recipe, dir: &Path, resume: bool, tokenizer_dir: &Path, train: &[Task], sft_tasks: &[Task], registry: &ToolRegistry) -> Result<PathBuf, RunError> {
     if !recipe.tiny_model() {
         return Ok(PathBuf::from(&recipe.model.path));

@@ -4,7 +4,7 @@
 //!
 //! The key is a hash of everything the warm-up depends on: the model and
 //! tokenizer spec, the tools, the task mix, the `[sft]` table, the seed and the
-//! learner's thread count (a float result depends on it). The first run with a
+//! learner's thread and rank counts (a float result depends on both). The first run with a
 //! key stores its after-warm-up model (weights, config, tokenizer) in
 //! `<parent of RUN_DIR>/.warmups/<key>/`; later runs copy it into their own
 //! `RUN_DIR/initial-model` and skip the warm-up. A store is written to a
@@ -25,12 +25,17 @@ use std::collections::hash_map::{Entry, HashMap};
 use std::path::{Path, PathBuf};
 use std::time::Instant;
 
-/// The directory of the shared warm-up for `recipe` next to `run_dir`, on `threads` threads.
-pub fn shared_dir(recipe: &Recipe, run_dir: &Path, threads: i32) -> PathBuf {
-    let key = json!({
+/// The directory of the shared warm-up for `recipe` next to `run_dir`, on
+/// `threads` threads in each of `ranks` data-parallel learner ranks.
+pub fn shared_dir(recipe: &Recipe, run_dir: &Path, threads: i32, ranks: usize) -> PathBuf {
+    let mut key = json!({
         "model": recipe.model, "tools": recipe.tools, "tasks": recipe.tasks, "sft": recipe.sft, "seed": recipe.seed, "threads": threads,
         // The value head (StepTool) is fresh after a shared warm-up either way: it is not part of the key.
     });
+    // One rank leaves the key as it was before ranks were part of it, so stored warm-ups stay valid.
+    if ranks > 1 {
+        key["learner_ranks"] = json!(ranks);
+    }
     let text = serde_json::to_string(&key).expect("recipe serialises");
     // FNV-1a 64: stable across builds and platforms.
     let hash = text.bytes().fold(0xcbf2_9ce4_8422_2325u64, |h, b| (h ^ u64::from(b)).wrapping_mul(0x0100_0000_01b3));
@@ -161,3 +166,24 @@ impl WarmUp<'_> {
     }
 }
 
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_key_separates_what_changes_the_float_result() {
+        let recipe = Recipe::parse("configs/mini.toml", "reward = \"process\"\n[tasks]\nsize = 10\n").unwrap();
+        let dir = Path::new("/runs/a");
+        let one = shared_dir(&recipe, dir, 2, 1);
+        assert_eq!(one.parent(), Some(Path::new("/runs/.warmups")));
+        assert_eq!(one, shared_dir(&recipe, Path::new("/runs/b"), 2, 1), "runs side by side share it");
+        assert_ne!(one, shared_dir(&recipe, dir, 1, 1), "threads");
+        assert_ne!(one, shared_dir(&recipe, dir, 2, 2), "learner ranks");
+        assert_ne!(shared_dir(&recipe, dir, 2, 2), shared_dir(&recipe, dir, 2, 4));
+        let drilled = Recipe { sft: super::super::recipe::Sft { drill_words: true, ..recipe.sft.clone() }, ..recipe.clone() };
+        assert_ne!(one, shared_dir(&drilled, dir, 2, 1), "the [sft] table");
+        let other_reward = Recipe { reward: super::super::recipe::RewardKind::FinalOnly, ..recipe.clone() };
+        assert_eq!(one, shared_dir(&other_reward, dir, 2, 1), "what comes after the warm-up is not in it");
+    }
+}

@@ -277,7 +277,7 @@ pub fn grpo(a: GrpoArgs) -> CliResult {
     let tasks: Vec<Task> = (0..n_tasks).map(|g| train[g % train.len()].clone()).collect();
 
     // The starting weights: the recipe's warm-up, made once.
-    let warm = warm_start::shared_dir(&recipe, &runs.join("warmup"), threads as i32);
+    let warm = warm_start::shared_dir(&recipe, &runs.join("warmup"), threads as i32, 1);
     if !warm_start::is_stored(&warm) {
         eprintln!("[bench grpo] making the warm-up once ({} steps; cached in {}) …", recipe.sft.steps, warm.display());
         up(&recipe_path, &runs.join("warmup"), &["--max-steps".into(), "1".into(), "--eval-limit".into(), "8".into()], pin)?;
