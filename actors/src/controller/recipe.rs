@@ -374,9 +374,9 @@ pub struct Sft {
     #[serde(default)]
     pub mix: SftMix,
     /// Share the warm-up with other runs next to this one whose model, tools,
-    /// tasks, `[sft]` and seed are the same: the first stores its result in
-    /// `<parent of the run directory>/.warmups/`, the others start from it
-    /// (default false).
+    /// tasks, `[sft]`, seed, learner threads and learner ranks are the same:
+    /// the first stores its result in `<parent of the run directory>/.warmups/`,
+    /// the others start from it (default false).
     #[serde(default)]
     pub share: bool,
 }
