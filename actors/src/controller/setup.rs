@@ -351,14 +351,14 @@ fn value_head(recipe: &Recipe) -> Option<ValueConfig> {
 }
 
 
-/// The policy's initial model directory: a created tiny model (with its task
-/// tokenizer, learned here) in `RUN_DIR/initial-model`, the one a resumed run
-/// created, or the recipe's transformers directory.
 /// Data-parallel learner ranks of the run: one in a single process.
 fn learner_ranks(opts: &RunOptions) -> usize {
     opts.fleet.as_ref().map_or(1, |f| f.plan.processes_with(Role::Learner).count().max(1))
 }
 
+/// The policy's initial model directory: a created tiny model (with its task
+/// tokenizer, learned here) in `RUN_DIR/initial-model`, the one a resumed run
+/// created, or the recipe's transformers directory.
 fn policy_dir(recipe: &Recipe, dir: &Path, resume: bool, tokenizer_dir: &Path, train: &[Task], sft_tasks: &[Task], registry: &ToolRegistry) -> Result<PathBuf, RunError> {
     if !recipe.tiny_model() {
         return Ok(PathBuf::from(&recipe.model.path));

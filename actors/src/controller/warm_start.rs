@@ -166,7 +166,6 @@ impl WarmUp<'_> {
     }
 }
 
-
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -42,14 +42,33 @@ pub fn models_dir() -> PathBuf {
     PathBuf::from(String::from_utf8(out.stdout).unwrap().lines().last().unwrap().trim())
 }
 
-/// A base port `b` such that `b..b+n` are all free on 127.0.0.1 now (tests
-/// that run at once pick different bases; a clash is retried elsewhere).
+/// The kernel's range of ephemeral ports (`ip_local_port_range`): the source
+/// ports of outgoing connections, which may take any of them at any time.
+fn ephemeral_ports() -> (u32, u32) {
+    let text = std::fs::read_to_string("/proc/sys/net/ipv4/ip_local_port_range").unwrap_or_default();
+    let v: Vec<u32> = text.split_whitespace().filter_map(|x| x.parse().ok()).collect();
+    match v[..] {
+        [lo, hi] if lo <= hi => (lo, hi),
+        _ => (32768, 60999),
+    }
+}
+
+/// A base port `b` such that `b..b+n` are all free on 127.0.0.1 now and lie
+/// outside the ephemeral range, so no outgoing connection (another test's, a
+/// Prometheus scrape's) takes one of them before the run binds it. Tests that
+/// run at once pick different bases; a clash is retried elsewhere.
 pub fn free_port_base(n: u16) -> u16 {
     use std::net::TcpListener;
+    let (lo, hi) = ephemeral_ports();
+    // The spans below and above the ephemeral range, from 10000 (clear of well-known services).
+    let spans: Vec<(u32, u32)> = [(10000, lo), (hi + 1, 65536)].into_iter().filter(|&(a, b)| b > a + u32::from(n)).map(|(a, b)| (a, b - u32::from(n))).collect();
+    assert!(!spans.is_empty(), "no room for {n} ports outside the ephemeral range {lo}-{hi}");
+    let total: u32 = spans.iter().map(|(a, b)| b - a).sum();
     let seed = std::process::id() as u64 ^ std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap().as_nanos() as u64;
     for k in 0..1000u64 {
         let x = seed.wrapping_mul(6364136223846793005).wrapping_add(k.wrapping_mul(1442695040888963407));
-        let base = 20000 + ((x >> 33) % 40000) as u16;
+        let mut pick = ((x >> 33) % u64::from(total)) as u32;
+        let base = spans.iter().find_map(|&(a, b)| if pick < b - a { Some(a + pick) } else { pick -= b - a; None }).unwrap() as u16;
         let held: Vec<_> = (0..n).map_while(|i| TcpListener::bind(("127.0.0.1", base + i)).ok()).collect();
         if held.len() == n as usize {
             return base;
