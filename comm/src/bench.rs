@@ -139,7 +139,10 @@ pub struct WeightSyncResult {
     pub loopback_gbps: f64,
     /// gbps / loopback.
     pub ratio: f64,
-    /// Median over iterations of the slowest rank's digest seconds / its sync seconds.
+    /// Median over iterations of the slowest rank's time without digests, seconds.
+    pub plain_s: f64,
+    /// The digest's share of the sync time: the median over iterations of
+    /// (time − plain time) / time, each iteration's pair run back to back.
     pub digest_share: f64,
 }
 
@@ -156,17 +159,18 @@ impl WeightSyncReport {
     /// A plain-text table.
     pub fn to_table(&self) -> String {
         let mut s = format!(
-            "CPU weight sync (bucketed broadcast + XXH3 per bucket, {} CPUs), medians; ratio = GB/s to each receiver / loopback TCP copy\n{:>9} {:>9} {:>9} {:>9} {:>10} {:>8} {:>13} {:>7} {:>13}\n",
-            self.cpus, "transport", "receivers", "size", "bucket", "time_ms", "GB/s", "loopback_GB/s", "ratio", "digest_share"
+            "CPU weight sync (bucketed broadcast + XXH3 per bucket, {} CPUs), medians; ratio = GB/s to each receiver / loopback TCP copy; digest_share = median over iterations of (time - the same broadcast without digests) / time\n{:>9} {:>9} {:>9} {:>9} {:>10} {:>10} {:>8} {:>13} {:>7} {:>13}\n",
+            self.cpus, "transport", "receivers", "size", "bucket", "time_ms", "plain_ms", "GB/s", "loopback_GB/s", "ratio", "digest_share"
         );
         for r in &self.results {
             s.push_str(&format!(
-                "{:>9} {:>9} {:>6}MiB {:>6}MiB {:>10.2} {:>8.3} {:>13.3} {:>7.2} {:>12.1}%\n",
+                "{:>9} {:>9} {:>6}MiB {:>6}MiB {:>10.2} {:>10.2} {:>8.3} {:>13.3} {:>7.2} {:>12.1}%\n",
                 r.transport,
                 r.receivers,
                 r.bytes / MIB,
                 r.bucket_bytes / MIB,
                 r.median_s * 1e3,
+                r.plain_s * 1e3,
                 r.gbps,
                 r.loopback_gbps,
                 r.ratio,
@@ -204,10 +208,14 @@ fn run_reports(cfg: &BenchConfig, world: usize, what: &str, edit: impl Fn(&mut W
     Ok(reports)
 }
 
+/// Per iteration, the slowest rank's value of `pick`.
+fn slowest(reports: &[WorkerReport], iters: usize, pick: impl Fn(&WorkerReport, usize) -> f64) -> Vec<f64> {
+    (0..iters).map(|i| reports.iter().map(|r| pick(r, i)).fold(0.0, f64::max)).collect()
+}
+
 /// Per iteration, the slowest rank's value of `pick`; then the median.
 fn slowest_median(reports: &[WorkerReport], iters: usize, pick: impl Fn(&WorkerReport, usize) -> f64) -> f64 {
-    let per_iter: Vec<f64> = (0..iters).map(|i| reports.iter().map(|r| pick(r, i)).fold(0.0, f64::max)).collect();
-    median(&per_iter)
+    median(&slowest(reports, iters, pick))
 }
 
 /// The weight-sync benchmark: for each size the loopback copy bandwidth, then
@@ -231,14 +239,17 @@ pub fn bench_weight_sync(cfg: &BenchConfig, bucket_bytes: usize) -> Result<Weigh
                 // The ranks could not share a segment: the ring row is the figure.
                 continue;
             }
-            let t = slowest_median(&reports, cfg.iters, |r, i| r.times_s.get(i).copied().unwrap_or(f64::NAN));
-            let share = slowest_median(&reports, cfg.iters, |r, i| match (r.digest_times_s.get(i), r.times_s.get(i)) {
-                (Some(d), Some(t)) if *t > 0.0 => d / t,
-                _ => f64::NAN,
-            });
+            let synced = slowest(&reports, cfg.iters, |r, i| r.times_s.get(i).copied().unwrap_or(f64::NAN));
+            // The digest's share: what it adds to the sync, against the same
+            // broadcast without it next to it in the same iteration, paired
+            // iteration by iteration (it may come out slightly negative when
+            // the cost is below the noise).
+            let plain_each = slowest(&reports, cfg.iters, |r, i| r.plain_times_s.get(i).copied().unwrap_or(f64::NAN));
+            let shares: Vec<f64> = synced.iter().zip(&plain_each).map(|(t, p)| (t - p) / t).collect();
+            let (t, plain, share) = (median(&synced), median(&plain_each), median(&shares));
             let gbps = bytes as f64 / t / 1e9;
             let transport = if shared { "shm" } else { "ring" }.to_string();
-            results.push(WeightSyncResult { transport, receivers, bytes, bucket_bytes, median_s: t, gbps, loopback_gbps: loop_gbps, ratio: gbps / loop_gbps, digest_share: share });
+            results.push(WeightSyncResult { transport, receivers, bytes, bucket_bytes, median_s: t, gbps, loopback_gbps: loop_gbps, ratio: gbps / loop_gbps, plain_s: plain, digest_share: share });
         }
     }
     Ok(WeightSyncReport { cpus: std::thread::available_parallelism().map(|n| n.get()).unwrap_or(1), results })

@@ -13,10 +13,15 @@
 //! bucket as they arrive.
 //!
 //! Where the bytes pass through this process's memory (the CPU ring, the
-//! shared segment), a [`BucketHasher`] digests each piece as it is copied,
-//! while it is still in cache: hashing a bucket after it has arrived reads it
-//! from memory a second time, and on a machine whose cores all move weights
-//! that second pass cost over a third of the sync time.
+//! shared segment), a [`BucketHasher`] digests each piece as it passes: out
+//! of the shared segment, in the same pass as the copy ([`crate::xxh3`]: each
+//! stripe loaded once, stored and hashed from the same registers); from a
+//! socket, as soon as a block has arrived, while it is in cache. Hashing a
+//! bucket after it has arrived reads it from memory a second time, and on a
+//! machine whose cores all move weights that second pass cost over a third of
+//! the sync time. The sender's digests come from `twox-hash`, the receivers'
+//! from [`crate::xxh3`]: every sync cross-checks the two implementations.
+use crate::xxh3::Xxh3Stream;
 use std::hash::Hasher;
 use std::time::Instant;
 use twox_hash::XxHash3_64;
@@ -66,11 +71,13 @@ impl BucketDigests {
 
 /// Digests a byte stream in buckets as it passes, piece by piece: the same
 /// digests as [`BucketDigests::of`] over the whole stream, whatever the pieces.
+/// [`BucketHasher::copy_in`] copies a piece and digests it in one pass
+/// ([`crate::xxh3`]); [`BucketHasher::update`] digests bytes already in place.
 pub struct BucketHasher {
     bucket_bytes: usize,
     len: usize,
     filled: usize,
-    hasher: XxHash3_64,
+    stream: Xxh3Stream,
     digests: Vec<u64>,
     seconds: f64,
 }
@@ -78,27 +85,46 @@ pub struct BucketHasher {
 impl BucketHasher {
     /// A hasher for buckets of `bucket_bytes` (at least 1).
     pub fn new(bucket_bytes: usize) -> BucketHasher {
-        BucketHasher { bucket_bytes: bucket_bytes.max(1), len: 0, filled: 0, hasher: XxHash3_64::with_seed(0), digests: Vec::new(), seconds: 0.0 }
+        BucketHasher { bucket_bytes: bucket_bytes.max(1), len: 0, filled: 0, stream: Xxh3Stream::default(), digests: Vec::new(), seconds: 0.0 }
     }
 
     /// Feeds the next piece of the stream.
-    pub fn update(&mut self, mut bytes: &[u8]) {
+    pub fn update(&mut self, bytes: &[u8]) {
         let t = Instant::now();
-        while !bytes.is_empty() {
-            let take = (self.bucket_bytes - self.filled).min(bytes.len());
-            self.hasher.write(&bytes[..take]);
-            (self.filled, self.len) = (self.filled + take, self.len + take);
-            if self.filled == self.bucket_bytes {
-                self.digests.push(self.hasher.finish());
-                self.hasher = XxHash3_64::with_seed(0);
-                self.filled = 0;
-            }
-            bytes = &bytes[take..];
-        }
+        self.feed(bytes, None);
         self.seconds += t.elapsed().as_secs_f64();
     }
 
-    /// Seconds spent hashing so far.
+    /// Copies `src` into `dst` (the same length) and feeds it as the next
+    /// piece, reading each byte once. The seconds it takes are the copy's and
+    /// are not counted in [`BucketHasher::seconds`].
+    pub fn copy_in(&mut self, dst: &mut [u8], src: &[u8]) {
+        assert_eq!(dst.len(), src.len(), "copy between slices of different lengths");
+        self.feed(src, Some(dst));
+    }
+
+    fn feed(&mut self, mut src: &[u8], mut dst: Option<&mut [u8]>) {
+        while !src.is_empty() {
+            let take = (self.bucket_bytes - self.filled).min(src.len());
+            match dst.take() {
+                Some(d) => {
+                    let (now, later) = d.split_at_mut(take);
+                    self.stream.copy(now, &src[..take]);
+                    dst = Some(later);
+                }
+                None => self.stream.update(&src[..take]),
+            }
+            (self.filled, self.len) = (self.filled + take, self.len + take);
+            if self.filled == self.bucket_bytes {
+                self.digests.push(self.stream.digest());
+                self.stream = Xxh3Stream::default();
+                self.filled = 0;
+            }
+            src = &src[take..];
+        }
+    }
+
+    /// Seconds spent in [`BucketHasher::update`] so far (hashing bytes in place).
     pub fn seconds(&self) -> f64 {
         self.seconds
     }
@@ -116,7 +142,7 @@ impl BucketHasher {
     /// The digests of the stream (the last bucket may be shorter).
     pub fn finish(mut self) -> BucketDigests {
         if self.filled > 0 {
-            self.digests.push(self.hasher.finish());
+            self.digests.push(self.stream.digest());
         }
         BucketDigests { bucket_bytes: self.bucket_bytes, len: self.len, digests: self.digests }
     }
@@ -168,6 +194,10 @@ mod tests {
                 let mut h = BucketHasher::new(bucket);
                 a.chunks(piece).for_each(|p| h.update(p));
                 assert_eq!(h.finish(), whole, "bucket {bucket}, piece {piece}");
+                let (mut h, mut out) = (BucketHasher::new(bucket), vec![0u8; a.len()]);
+                out.chunks_mut(piece).zip(a.chunks(piece)).for_each(|(d, s)| h.copy_in(d, s));
+                assert_eq!(h.finish(), whole, "copied: bucket {bucket}, piece {piece}");
+                assert_eq!(out, a);
             }
         }
         assert_eq!(BucketHasher::new(64).finish(), BucketDigests::of(&[], 64));

@@ -46,6 +46,7 @@ pub mod error;
 pub mod nccl;
 pub mod testing;
 pub mod worker;
+pub mod xxh3;
 
 pub use bucket::{all_reduce_bucketed, Bucketer, DEFAULT_BUCKET_BYTES};
 pub use buffer::{Bf16, Buf, DType, Element, Memory};

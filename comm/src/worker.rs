@@ -326,9 +326,10 @@ pub struct WorkerReport {
     pub len: usize,
     /// Seconds taken by each timed iteration (each preceded by a barrier).
     pub times_s: Vec<f64>,
-    /// `weight-sync`: of each timed iteration, the seconds spent digesting buckets.
+    /// `weight-sync`: of each timed iteration, the seconds of the same
+    /// broadcast without digests (run beside it, in alternating order).
     #[serde(default)]
-    pub digest_times_s: Vec<f64>,
+    pub plain_times_s: Vec<f64>,
     /// XXH3-64 of the final result bytes (equal across ranks for all-reduce).
     pub digest: String,
     /// Whether `--check` verified every iteration.
@@ -382,27 +383,55 @@ pub fn worker_main(args: impl IntoIterator<Item = String>) -> ExitCode {
     }
 }
 
-/// One weight sync of `data` from the root: bucket by bucket, each piece
-/// digested (XXH3) as it passes (fused into the copy, see
-/// [`RingComm::broadcast_bytes_with`]), then the root's digests broadcast and
-/// compared (in a run they travel in the version's header). Returns the
-/// seconds spent digesting. `--corrupt-bucket` flips a byte of that bucket as
-/// it arrives at the last rank, before it is hashed: corruption in transit.
-fn weight_sync<T: Element>(args: &WorkerArgs, comm: &mut RingComm, data: &mut [T]) -> Result<f64> {
-    let per = (args.bucket_bytes / T::DTYPE.size()).max(1);
-    let corrupts = args.rank + 1 == args.world && args.rank != args.root;
-    let mut hasher = crate::digest::BucketHasher::new(per * T::DTYPE.size());
-    for (b, bucket) in data.chunks_mut(per).enumerate() {
-        let mut first = corrupts && args.corrupt_bucket == Some(b);
-        comm.broadcast_bytes_with(crate::buffer::as_bytes_mut(bucket), args.root, &mut |piece| {
-            if std::mem::take(&mut first) {
-                piece[0] ^= 0x01;
-            }
-            hasher.update(piece);
-        })?;
+/// A weight-sync receiver's sink: hashes each piece (fused into the copy out
+/// of a shared segment), first flipping a byte of the piece that starts
+/// bucket `corrupt` (`--corrupt-bucket`, on the last rank): corruption in
+/// transit, so that piece is copied plainly, flipped, then hashed.
+struct SyncSink {
+    hasher: crate::digest::BucketHasher,
+    corrupt: bool,
+}
+
+impl crate::cpu::Pieces for SyncSink {
+    fn passed(&mut self, piece: &mut [u8]) {
+        if std::mem::take(&mut self.corrupt) {
+            piece[0] ^= 0x01;
+        }
+        self.hasher.update(piece);
     }
-    let digest_s = hasher.seconds();
-    let ours = hasher.finish().digests;
+
+    fn copy(&mut self, dst: &mut [u8], src: &[u8]) {
+        if self.corrupt {
+            dst.copy_from_slice(src);
+            self.passed(dst);
+        } else {
+            self.hasher.copy_in(dst, src);
+        }
+    }
+}
+
+/// One weight sync of `data` from the root, as a run does it: the root sends
+/// the buckets as they are, its digests `packed` beforehand (a learner
+/// digests an image when it packs it); each receiver digests (XXH3) every
+/// piece as it arrives, fused into the copy out of the shared segment (see
+/// [`RingComm::broadcast_bytes_with`]); then the root's digests are broadcast
+/// and compared (in a run they travel in the version's header).
+/// `--corrupt-bucket` flips a byte of that bucket as it arrives at the last
+/// rank, before it is hashed: corruption in transit.
+fn weight_sync<T: Element>(args: &WorkerArgs, comm: &mut RingComm, data: &mut [T], packed: Option<Vec<u64>>) -> Result<()> {
+    let per = (args.bucket_bytes / T::DTYPE.size()).max(1);
+    if let Some(digests) = packed {
+        plain_sync(args, comm, data)?;
+        let mut roots: Vec<f64> = digests.iter().map(|d| f64::from_bits(*d)).collect();
+        return comm.broadcast_slice(&mut roots, args.root);
+    }
+    let corrupts = args.rank + 1 == args.world;
+    let mut sink = SyncSink { hasher: crate::digest::BucketHasher::new(per * T::DTYPE.size()), corrupt: false };
+    for (b, bucket) in data.chunks_mut(per).enumerate() {
+        sink.corrupt = corrupts && args.corrupt_bucket == Some(b);
+        comm.broadcast_bytes_with(crate::buffer::as_bytes_mut(bucket), args.root, &mut sink)?;
+    }
+    let ours = sink.hasher.finish().digests;
     let mut roots: Vec<f64> = ours.iter().map(|d| f64::from_bits(*d)).collect();
     comm.broadcast_slice(&mut roots, args.root)?;
     if let Some(b) = ours.iter().zip(&roots).position(|(o, r)| *o != r.to_bits()) {
@@ -411,7 +440,17 @@ fn weight_sync<T: Element>(args: &WorkerArgs, comm: &mut RingComm, data: &mut [T
             detail: format!("bucket {b} of {}: received {:016x}, the root sent {:016x}; this version is refused", ours.len(), ours[b], roots[b].to_bits()),
         });
     }
-    Ok(digest_s)
+    Ok(())
+}
+
+/// The same bytes moved as [`weight_sync`] moves them, bucket by bucket, with
+/// no digest: the baseline the digest's cost is measured against.
+fn plain_sync<T: Element>(args: &WorkerArgs, comm: &mut RingComm, data: &mut [T]) -> Result<()> {
+    let per = (args.bucket_bytes / T::DTYPE.size()).max(1);
+    for bucket in data.chunks_mut(per) {
+        comm.broadcast_bytes_with(crate::buffer::as_bytes_mut(bucket), args.root, &mut |_: &mut [u8]| ())?;
+    }
+    Ok(())
 }
 
 /// Joins the ring and runs the worker's iterations; returns its report.
@@ -480,7 +519,7 @@ fn run_typed<T: Element>(args: &WorkerArgs, comm: &mut RingComm) -> Result<Worke
     let want: Vec<T> = if args.check { expected(args, len) } else { Vec::new() };
     let mut bucketer = Bucketer::<T>::new(args.bucket_bytes);
     let mut times = Vec::with_capacity(args.iters);
-    let mut digest_times = Vec::new();
+    let mut plain_times = Vec::new();
     let mut result: Vec<T> = Vec::new();
     for it in 0..args.warmup + args.iters {
         if args.die_after == Some(it) {
@@ -498,6 +537,7 @@ fn run_typed<T: Element>(args: &WorkerArgs, comm: &mut RingComm) -> Result<Worke
         }
         comm.barrier()?;
         let t0 = Instant::now();
+        let mut t0_override: Option<f64> = None;
         match args.op {
             WorkerOp::AllReduce(op) => comm.all_reduce_slice(&mut data, op)?,
             WorkerOp::Broadcast => comm.broadcast_slice(&mut data, args.root)?,
@@ -515,13 +555,34 @@ fn run_typed<T: Element>(args: &WorkerArgs, comm: &mut RingComm) -> Result<Worke
                 bucketer.all_reduce(comm, &mut slices, ReduceOp::Sum)?;
             }
             WorkerOp::WeightSync => {
-                let secs = weight_sync(args, comm, &mut data)?;
+                // Plain first on even iterations, so neither order is favoured
+                // (and a one-iteration corruption drill ends on the digested sync).
+                let plain = |comm: &mut RingComm, data: &mut Vec<T>| -> Result<f64> {
+                    comm.barrier()?;
+                    let t = Instant::now();
+                    plain_sync(args, comm, data)?;
+                    Ok(t.elapsed().as_secs_f64())
+                };
+                let before = if it % 2 == 0 { Some(plain(comm, &mut data)?) } else { None };
+                let packed = (args.rank == args.root).then(|| {
+                    let bytes = crate::buffer::as_bytes(&data);
+                    crate::digest::BucketDigests::of(bytes, (args.bucket_bytes / T::DTYPE.size()).max(1) * T::DTYPE.size()).digests
+                });
+                comm.barrier()?;
+                let t = Instant::now();
+                weight_sync(args, comm, &mut data, packed)?;
+                let synced = t.elapsed().as_secs_f64();
+                let plain_s = match before {
+                    Some(p) => p,
+                    None => plain(comm, &mut data)?,
+                };
                 if it >= args.warmup {
-                    digest_times.push(secs);
+                    plain_times.push(plain_s);
                 }
+                t0_override = Some(synced);
             }
         }
-        let dt = t0.elapsed().as_secs_f64();
+        let dt = t0_override.take().unwrap_or_else(|| t0.elapsed().as_secs_f64());
         if it >= args.warmup {
             times.push(dt);
         }
@@ -569,7 +630,7 @@ fn run_typed<T: Element>(args: &WorkerArgs, comm: &mut RingComm) -> Result<Worke
         dtype: T::DTYPE,
         len,
         times_s: times,
-        digest_times_s: digest_times,
+        plain_times_s: plain_times,
         digest: digest(bytes),
         checked: args.check,
         shared_memory: comm.shares_memory(),

@@ -34,7 +34,10 @@ fn bench_weight_sync_reports_bandwidth_ratio_and_digest_share() {
     for r in rows {
         let (gbps, loopback, ratio, share) = (r["gbps"].as_f64().unwrap(), r["loopback_gbps"].as_f64().unwrap(), r["ratio"].as_f64().unwrap(), r["digest_share"].as_f64().unwrap());
         assert!(gbps > 0.0 && loopback > 0.0 && (ratio - gbps / loopback).abs() < 1e-9, "{r}");
-        assert!(share > 0.0 && share < 1.0, "the digest takes some but not all of the sync: {r}");
+        // The share is what the digest adds over the same broadcast without
+        // it (below 1; at 2 MiB and two iterations noise may make it negative).
+        let (t, plain) = (r["median_s"].as_f64().unwrap(), r["plain_s"].as_f64().unwrap());
+        assert!(t > 0.0 && plain > 0.0 && share.is_finite() && share < 1.0, "{r}");
     }
     let o = launcher(&["bench", "weight-sync", "--receivers", "0"]);
     assert_eq!(code(&o), 2);

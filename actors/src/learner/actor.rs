@@ -163,7 +163,7 @@ impl Actor for LearnerActor {
 pub fn nccl_group(mut ring: RingComm, ordinal: usize) -> Result<NcclComm, String> {
     let (rank, world) = (ring.rank(), ring.world_size());
     let mut id = if rank == 0 { NcclId::new().map_err(|e| e.to_string())?.to_bytes() } else { [0u8; rlmesh_comm::nccl::NCCL_ID_BYTES] };
-    ring.broadcast_bytes_with(&mut id, 0, &mut |_| {}).map_err(|e| format!("sending the unique id over the ring: {e}"))?;
+    ring.broadcast_bytes_with(&mut id, 0, &mut |_: &mut [u8]| {}).map_err(|e| format!("sending the unique id over the ring: {e}"))?;
     let id = NcclId::from_bytes(&id).map_err(|e| e.to_string())?;
     let mut comm = NcclComm::new(ordinal, rank, world, &id).map_err(|e| e.to_string())?;
     let probe = tch::Tensor::from_slice(&[rank as f32 + 1.0]).to_device(tch::Device::Cuda(ordinal));

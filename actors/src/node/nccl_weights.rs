@@ -77,7 +77,7 @@ impl NcclLink {
             return Err(format!("NCCL weight-sync group: {} of {world} members cannot use NCCL{this}", world - able));
         }
         let device = device.expect("voted able");
-        ring.broadcast_bytes_with(&mut id, 0, &mut |_| {}).map_err(|e| format!("sending the NCCL id over the ring: {e}"))?;
+        ring.broadcast_bytes_with(&mut id, 0, &mut |_: &mut [u8]| {}).map_err(|e| format!("sending the NCCL id over the ring: {e}"))?;
         let id = NcclId::from_bytes(&id).map_err(|e| e.to_string())?;
         let comm = NcclComm::new(device, rank, world, &id).map_err(|e| e.to_string())?.with_timeout(GROUP_TIMEOUT).with_cancel(cancel);
         let digest = DeviceDigest::new(device).map_err(|e| e.to_string())?;

@@ -230,13 +230,13 @@ pub(super) fn send_header(c: &mut RingComm, header: &Header) -> Result<(), Strin
     let mut h = vec![0u8; HEADER_BYTES];
     h[..8].copy_from_slice(&(header.len() as u64).to_le_bytes());
     h[8..8 + header.len()].copy_from_slice(&header);
-    c.broadcast_bytes_with(&mut h, 0, &mut |_| ()).map_err(|e| format!("weight header broadcast: {e}"))
+    c.broadcast_bytes_with(&mut h, 0, &mut |_: &mut [u8]| ()).map_err(|e| format!("weight header broadcast: {e}"))
 }
 
 /// Any other rank: the next header, decoded within its bounds.
 pub(super) fn receive_header(c: &mut RingComm) -> Result<Header, String> {
     let mut h = vec![0u8; HEADER_BYTES];
-    c.broadcast_bytes_with(&mut h, 0, &mut |_| ()).map_err(|e| format!("weight header broadcast: {e}"))?;
+    c.broadcast_bytes_with(&mut h, 0, &mut |_: &mut [u8]| ()).map_err(|e| format!("weight header broadcast: {e}"))?;
     let n = u64::from_le_bytes(h[..8].try_into().expect("8 bytes")) as usize;
     if n + 8 > HEADER_BYTES {
         return Err(format!("weight header claims {n} bytes"));
@@ -256,7 +256,7 @@ fn send(c: &mut RingComm, update: WeightUpdate) -> Result<f64, String> {
     send_header(c, &Header { version: update.version, digest: update.digest, buckets: update.buckets.clone(), device_digests: vec![] })?;
     // Rank 0 digested the image when it packed it.
     let mut image = update.image;
-    c.broadcast_bytes_with(&mut image, 0, &mut |_| ()).map_err(|e| format!("weight broadcast v{}: {e}", update.version))?;
+    c.broadcast_bytes_with(&mut image, 0, &mut |_: &mut [u8]| ()).map_err(|e| format!("weight broadcast v{}: {e}", update.version))?;
     Ok(t0.elapsed().as_secs_f64())
 }
 

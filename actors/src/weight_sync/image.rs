@@ -79,7 +79,9 @@ impl std::fmt::Debug for DeviceImage {
 pub struct Arrived {
     /// The image's bucket digests, as this process received its bytes.
     pub digests: BucketDigests,
-    /// Seconds spent hashing (inside the receive).
+    /// Seconds spent hashing bytes already received (the ring's blocks); a
+    /// hash fused into the copy out of a shared segment counts in the
+    /// receive, not here.
     pub seconds: f64,
 }
 

@@ -18,7 +18,7 @@ mod ring;
 pub mod shm;
 pub mod wire;
 
-pub use ring::{RingAbort, RingComm};
+pub use ring::{Pieces, RingAbort, RingComm};
 
 use std::time::Duration;
 

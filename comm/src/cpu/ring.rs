@@ -138,7 +138,7 @@ impl RingComm {
                 made = Some(path);
             }
         }
-        let got = self.guarded(|c| c.ring_broadcast(&mut msg, 0, &mut |_| ()));
+        let got = self.guarded(|c| c.ring_broadcast(&mut msg, 0, &mut |_: &mut [u8]| ()));
         if let Err(e) = got {
             if let Some(p) = &made {
                 shm::unlink(p);
@@ -170,9 +170,9 @@ impl RingComm {
 
     /// Broadcast through the shared segment: the root writes, a barrier, the
     /// others read, a barrier (the segment may then be written again). The
-    /// copies go in pieces of [`PIECE_BYTES`], each handed to `each` while it
-    /// is in cache (see [`RingComm::broadcast_bytes_with`]).
-    fn shm_broadcast(&mut self, bytes: &mut [u8], root: usize, each: &mut dyn FnMut(&mut [u8])) -> Result<()> {
+    /// copies go in pieces of [`PIECE_BYTES`] through [`Pieces::copy`], so a
+    /// sink that hashes every byte does it in the copy's pass.
+    fn shm_broadcast(&mut self, bytes: &mut [u8], root: usize, each: &mut dyn Pieces) -> Result<()> {
         let mut seg = self.shm.take().expect("shared memory");
         let (rank, n) = (self.rank, bytes.len());
         let io = |e: std::io::Error| CommError::Io { rank, peer: root, what: "mapping the shared broadcast segment of".into(), source: e };
@@ -180,16 +180,14 @@ impl RingComm {
             if rank == root {
                 seg.grow(n).map_err(io)?;
                 for (src, dst) in bytes.chunks_mut(PIECE_BYTES).zip(seg.bytes(n).chunks_mut(PIECE_BYTES)) {
-                    dst.copy_from_slice(src);
-                    each(src);
+                    each.copy(dst, src);
                 }
             }
             self.sync()?;
             if rank != root {
                 seg.map(n).map_err(io)?;
                 for (dst, src) in bytes.chunks_mut(PIECE_BYTES).zip(seg.bytes(n).chunks(PIECE_BYTES)) {
-                    dst.copy_from_slice(src);
-                    each(dst);
+                    each.copy(dst, src);
                 }
             }
             self.sync()
@@ -438,7 +436,7 @@ impl RingComm {
     /// Broadcast along the ring starting at `root`, block by block, in place;
     /// `each` sees every block as it passes (before it leaves the root, once
     /// it has arrived elsewhere).
-    fn ring_broadcast(&mut self, bytes: &mut [u8], root: usize, each: &mut dyn FnMut(&mut [u8])) -> Result<()> {
+    fn ring_broadcast(&mut self, bytes: &mut [u8], root: usize, each: &mut dyn Pieces) -> Result<()> {
         let (p, rank, next_rank, prev_rank, timeout) = (self.world, self.rank, self.next_rank(), self.prev_rank(), self.timeout);
         let links = self.links.as_ref().expect("world > 1 has links");
         let (mut next, mut prev): (&TcpStream, &TcpStream) = (&links.next, &links.prev);
@@ -453,7 +451,7 @@ impl RingComm {
                 next.write_all(block)
                     .map_err(|e| wire::io_error(rank, next_rank, "sending broadcast data to", e, timeout))?;
             }
-            each(block);
+            each.passed(block);
         }
         Ok(())
     }
@@ -461,9 +459,10 @@ impl RingComm {
     /// Broadcasts raw bytes from `root` in place, handing every piece to
     /// `each` as it passes this rank: on the root as it leaves, elsewhere once
     /// it has arrived, in order, each byte once. Weight sync digests a version
-    /// this way ([`crate::digest::BucketHasher`]) while the bytes are still in
-    /// cache, instead of reading the whole buffer again afterwards.
-    pub fn broadcast_bytes_with(&mut self, bytes: &mut [u8], root: usize, each: &mut dyn FnMut(&mut [u8])) -> Result<()> {
+    /// this way ([`crate::digest::BucketHasher`]): in the copy out of the
+    /// shared segment, or as each block arrives from the ring, instead of
+    /// reading the whole buffer again afterwards. A closure is a sink.
+    pub fn broadcast_bytes_with(&mut self, bytes: &mut [u8], root: usize, each: &mut dyn Pieces) -> Result<()> {
         if let Some(first) = &self.poisoned {
             return Err(CommError::Poisoned { rank: self.rank, first: first.clone() });
         }
@@ -471,7 +470,7 @@ impl RingComm {
             return Err(self.invalid("broadcast", format!("root {root} is outside 0..{}", self.world)));
         }
         if self.world == 1 {
-            bytes.chunks_mut(PIECE_BYTES).for_each(each);
+            bytes.chunks_mut(PIECE_BYTES).for_each(|p| each.passed(p));
             return Ok(());
         }
         let h = OpHeader { op: OpKind::BroadcastBytes as u8, dtype: 0, reduce: 0, root: root as u32, len: bytes.len() as u64, seq: 0 };
@@ -487,12 +486,43 @@ impl RingComm {
 
     /// [`RingComm::broadcast_bytes_with`] feeding a [`crate::digest::BucketHasher`].
     pub fn broadcast_digested(&mut self, bytes: &mut [u8], root: usize, hasher: &mut crate::digest::BucketHasher) -> Result<()> {
-        self.broadcast_bytes_with(bytes, root, &mut |piece| hasher.update(piece))
+        self.broadcast_bytes_with(bytes, root, hasher)
     }
 }
 
-/// Pieces in which the shared-memory broadcast copies (and hands to its
-/// callback): small enough to stay in a core's L2 between copy and hash.
+/// What a byte broadcast hands each piece to as it passes a rank.
+pub trait Pieces {
+    /// `piece` has passed this rank (sent from the root, or arrived).
+    fn passed(&mut self, piece: &mut [u8]);
+
+    /// Copies `src` into `dst` (the same length), then treats `dst` as
+    /// passed; the shared-memory broadcast moves bytes this way, so a sink
+    /// that reads every byte anyway can fuse its pass into the copy.
+    fn copy(&mut self, dst: &mut [u8], src: &[u8]) {
+        dst.copy_from_slice(src);
+        self.passed(dst);
+    }
+}
+
+impl<F: FnMut(&mut [u8])> Pieces for F {
+    fn passed(&mut self, piece: &mut [u8]) {
+        self(piece)
+    }
+}
+
+/// Each piece hashed as it passes; out of a shared segment, in the copy's pass.
+impl Pieces for crate::digest::BucketHasher {
+    fn passed(&mut self, piece: &mut [u8]) {
+        self.update(piece)
+    }
+
+    fn copy(&mut self, dst: &mut [u8], src: &[u8]) {
+        self.copy_in(dst, src)
+    }
+}
+
+/// Pieces in which the shared-memory broadcast copies (through its sink):
+/// small enough to stay in a core's L2 for a sink that looks at them again.
 pub const PIECE_BYTES: usize = 256 << 10;
 
 impl Collective for RingComm {
@@ -533,9 +563,9 @@ impl Collective for RingComm {
                 DType::Bf16 => as_bytes_mut(buf.host_slice::<Bf16>().expect("host bf16")),
             };
             if c.shm.is_some() {
-                c.shm_broadcast(bytes, root, &mut |_| ())
+                c.shm_broadcast(bytes, root, &mut |_: &mut [u8]| ())
             } else {
-                c.ring_broadcast(bytes, root, &mut |_| ())
+                c.ring_broadcast(bytes, root, &mut |_: &mut [u8]| ())
             }
         })
     }
