@@ -144,6 +144,10 @@ pub struct WeightSyncResult {
     /// The digest's share of the sync time: the median over iterations of
     /// (time − plain time) / time, each iteration's pair run back to back.
     pub digest_share: f64,
+    /// The fewest bytes any receiver hashed in a digested sync (each should
+    /// hash all `bytes`).
+    #[serde(default)]
+    pub digested_bytes: usize,
 }
 
 /// The weight-sync benchmark's result.
@@ -247,9 +251,10 @@ pub fn bench_weight_sync(cfg: &BenchConfig, bucket_bytes: usize) -> Result<Weigh
             let plain_each = slowest(&reports, cfg.iters, |r, i| r.plain_times_s.get(i).copied().unwrap_or(f64::NAN));
             let shares: Vec<f64> = synced.iter().zip(&plain_each).map(|(t, p)| (t - p) / t).collect();
             let (t, plain, share) = (median(&synced), median(&plain_each), median(&shares));
+            let digested_bytes = reports.iter().filter(|r| r.rank != 0).map(|r| r.digested_bytes).min().unwrap_or(0);
             let gbps = bytes as f64 / t / 1e9;
             let transport = if shared { "shm" } else { "ring" }.to_string();
-            results.push(WeightSyncResult { transport, receivers, bytes, bucket_bytes, median_s: t, gbps, loopback_gbps: loop_gbps, ratio: gbps / loop_gbps, plain_s: plain, digest_share: share });
+            results.push(WeightSyncResult { transport, receivers, bytes, bucket_bytes, median_s: t, gbps, loopback_gbps: loop_gbps, ratio: gbps / loop_gbps, plain_s: plain, digest_share: share, digested_bytes });
         }
     }
     Ok(WeightSyncReport { cpus: std::thread::available_parallelism().map(|n| n.get()).unwrap_or(1), results })

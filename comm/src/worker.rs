@@ -330,6 +330,10 @@ pub struct WorkerReport {
     /// broadcast without digests (run beside it, in alternating order).
     #[serde(default)]
     pub plain_times_s: Vec<f64>,
+    /// `weight-sync`: bytes this rank hashed in its last digested sync (a
+    /// receiver: every byte; the root: none, its digests come from packing).
+    #[serde(default)]
+    pub digested_bytes: usize,
     /// XXH3-64 of the final result bytes (equal across ranks for all-reduce).
     pub digest: String,
     /// Whether `--check` verified every iteration.
@@ -417,13 +421,15 @@ impl crate::cpu::Pieces for SyncSink {
 /// [`RingComm::broadcast_bytes_with`]); then the root's digests are broadcast
 /// and compared (in a run they travel in the version's header).
 /// `--corrupt-bucket` flips a byte of that bucket as it arrives at the last
-/// rank, before it is hashed: corruption in transit.
-fn weight_sync<T: Element>(args: &WorkerArgs, comm: &mut RingComm, data: &mut [T], packed: Option<Vec<u64>>) -> Result<()> {
+/// rank, before it is hashed: corruption in transit. Returns the bytes this
+/// rank hashed.
+fn weight_sync<T: Element>(args: &WorkerArgs, comm: &mut RingComm, data: &mut [T], packed: Option<Vec<u64>>) -> Result<usize> {
     let per = (args.bucket_bytes / T::DTYPE.size()).max(1);
     if let Some(digests) = packed {
         plain_sync(args, comm, data)?;
         let mut roots: Vec<f64> = digests.iter().map(|d| f64::from_bits(*d)).collect();
-        return comm.broadcast_slice(&mut roots, args.root);
+        comm.broadcast_slice(&mut roots, args.root)?;
+        return Ok(0);
     }
     let corrupts = args.rank + 1 == args.world;
     let mut sink = SyncSink { hasher: crate::digest::BucketHasher::new(per * T::DTYPE.size()), corrupt: false };
@@ -431,6 +437,7 @@ fn weight_sync<T: Element>(args: &WorkerArgs, comm: &mut RingComm, data: &mut [T
         sink.corrupt = corrupts && args.corrupt_bucket == Some(b);
         comm.broadcast_bytes_with(crate::buffer::as_bytes_mut(bucket), args.root, &mut sink)?;
     }
+    let hashed = sink.hasher.len();
     let ours = sink.hasher.finish().digests;
     let mut roots: Vec<f64> = ours.iter().map(|d| f64::from_bits(*d)).collect();
     comm.broadcast_slice(&mut roots, args.root)?;
@@ -440,7 +447,7 @@ fn weight_sync<T: Element>(args: &WorkerArgs, comm: &mut RingComm, data: &mut [T
             detail: format!("bucket {b} of {}: received {:016x}, the root sent {:016x}; this version is refused", ours.len(), ours[b], roots[b].to_bits()),
         });
     }
-    Ok(())
+    Ok(hashed)
 }
 
 /// The same bytes moved as [`weight_sync`] moves them, bucket by bucket, with
@@ -520,6 +527,7 @@ fn run_typed<T: Element>(args: &WorkerArgs, comm: &mut RingComm) -> Result<Worke
     let mut bucketer = Bucketer::<T>::new(args.bucket_bytes);
     let mut times = Vec::with_capacity(args.iters);
     let mut plain_times = Vec::new();
+    let mut digested_bytes = 0;
     let mut result: Vec<T> = Vec::new();
     for it in 0..args.warmup + args.iters {
         if args.die_after == Some(it) {
@@ -570,7 +578,7 @@ fn run_typed<T: Element>(args: &WorkerArgs, comm: &mut RingComm) -> Result<Worke
                 });
                 comm.barrier()?;
                 let t = Instant::now();
-                weight_sync(args, comm, &mut data, packed)?;
+                digested_bytes = weight_sync(args, comm, &mut data, packed)?;
                 let synced = t.elapsed().as_secs_f64();
                 let plain_s = match before {
                     Some(p) => p,
@@ -631,6 +639,7 @@ fn run_typed<T: Element>(args: &WorkerArgs, comm: &mut RingComm) -> Result<Worke
         len,
         times_s: times,
         plain_times_s: plain_times,
+        digested_bytes,
         digest: digest(bytes),
         checked: args.check,
         shared_memory: comm.shares_memory(),

@@ -38,6 +38,9 @@ fn bench_weight_sync_reports_bandwidth_ratio_and_digest_share() {
         // it (below 1; at 2 MiB and two iterations noise may make it negative).
         let (t, plain) = (r["median_s"].as_f64().unwrap(), r["plain_s"].as_f64().unwrap());
         assert!(t > 0.0 && plain > 0.0 && share.is_finite() && share < 1.0, "{r}");
+        // What the share can no longer show through noise: every receiver
+        // hashed every byte of the version.
+        assert_eq!(r["digested_bytes"].as_u64(), Some(2 << 20), "{r}");
     }
     let o = launcher(&["bench", "weight-sync", "--receivers", "0"]);
     assert_eq!(code(&o), 2);
