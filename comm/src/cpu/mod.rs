@@ -18,7 +18,7 @@ mod ring;
 pub mod shm;
 pub mod wire;
 
-pub use ring::{Pieces, RingAbort, RingComm};
+pub use ring::{Pieces, RingAbort, RingComm, PIECE_BYTES};
 
 use std::time::Duration;
 
