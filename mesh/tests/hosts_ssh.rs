@@ -100,7 +100,15 @@ fn launch_over_ssh_secret_signal_stop_and_errors() {
     assert!(text.contains(&format!("host=h1 plain=it's plain secret={secret} cwd=/tmp")), "{text}");
     let leaked: Vec<String> = all_cmdlines().into_iter().filter(|c| c.contains(&secret)).collect();
     assert!(leaked.is_empty(), "secret in argv: {leaked:?}");
-    // The remote process has it in its environment.
+    // The remote process has it in its environment. The echo above runs just
+    // before `exec sleep`; while that exec is under way the kernel shows an
+    // empty environ, so wait for the exec to finish before reading it.
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while !std::fs::read(format!("/proc/{}/cmdline", p.pid())).unwrap_or_default().starts_with(b"sleep\0")
+        && Instant::now() < deadline
+    {
+        std::thread::sleep(Duration::from_millis(5));
+    }
     let env = std::fs::read(format!("/proc/{}/environ", p.pid())).unwrap();
     assert!(String::from_utf8_lossy(&env).contains(&format!("RLMESH_TEST_SECRET={secret}")));
 
