@@ -53,28 +53,58 @@ fn ephemeral_ports() -> (u32, u32) {
     }
 }
 
+/// Ports are reserved in aligned blocks of this many (see [`free_port_base`]).
+const PORT_BLOCK: u32 = 64;
+
 /// A base port `b` such that `b..b+n` are all free on 127.0.0.1 now and lie
 /// outside the ephemeral range, so no outgoing connection (another test's, a
-/// Prometheus scrape's) takes one of them before the run binds it. Tests that
-/// run at once pick different bases; a clash is retried elsewhere.
+/// Prometheus scrape's) takes one of them before the run binds it.
+///
+/// A port found free here is bound later, by a child process, so two tests
+/// running at once (threads of one binary, or two test runs) could pick the
+/// same span in between and one run would fail with "Address already in use".
+/// So each span is also reserved: it is made of aligned blocks of
+/// [`PORT_BLOCK`] ports, and each block is taken with an exclusive `flock` on
+/// `$TMPDIR/rlmesh-test-ports/PORT.lock`, held until this test process exits.
+/// A block another test holds, or with a port in use, is passed over.
 pub fn free_port_base(n: u16) -> u16 {
     use std::net::TcpListener;
+    static HELD: std::sync::Mutex<Vec<std::fs::File>> = std::sync::Mutex::new(Vec::new());
     let (lo, hi) = ephemeral_ports();
-    // The spans below and above the ephemeral range, from 10000 (clear of well-known services).
-    let spans: Vec<(u32, u32)> = [(10000, lo), (hi + 1, 65536)].into_iter().filter(|&(a, b)| b > a + u32::from(n)).map(|(a, b)| (a, b - u32::from(n))).collect();
-    assert!(!spans.is_empty(), "no room for {n} ports outside the ephemeral range {lo}-{hi}");
-    let total: u32 = spans.iter().map(|(a, b)| b - a).sum();
+    let blocks = u32::from(n).div_ceil(PORT_BLOCK).max(1);
+    // Aligned block starts whose `blocks` blocks lie below or above the ephemeral range, from 10000.
+    let starts: Vec<u32> = [(10000, lo), (hi + 1, 65536)]
+        .into_iter()
+        .flat_map(|(a, b)| (a.div_ceil(PORT_BLOCK)..).map(|k| k * PORT_BLOCK).take_while(move |s| s + blocks * PORT_BLOCK <= b))
+        .collect();
+    assert!(!starts.is_empty(), "no room for {n} ports outside the ephemeral range {lo}-{hi}");
+    let dir = std::env::temp_dir().join("rlmesh-test-ports");
+    std::fs::create_dir_all(&dir).unwrap_or_else(|e| panic!("{}: {e}", dir.display()));
     let seed = std::process::id() as u64 ^ std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap().as_nanos() as u64;
-    for k in 0..1000u64 {
-        let x = seed.wrapping_mul(6364136223846793005).wrapping_add(k.wrapping_mul(1442695040888963407));
-        let mut pick = ((x >> 33) % u64::from(total)) as u32;
-        let base = spans.iter().find_map(|&(a, b)| if pick < b - a { Some(a + pick) } else { pick -= b - a; None }).unwrap() as u16;
+    let first = (seed.wrapping_mul(6364136223846793005) >> 33) as usize % starts.len();
+    for k in 0..starts.len() {
+        let base = starts[(first + k) % starts.len()];
+        let mut locks = vec![];
+        for b in 0..blocks {
+            let path = dir.join(format!("{}.lock", base + b * PORT_BLOCK));
+            let file = std::fs::OpenOptions::new().create(true).truncate(false).write(true).open(&path).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
+            match file.try_lock() {
+                Ok(()) => locks.push(file),
+                Err(std::fs::TryLockError::WouldBlock) => break,
+                Err(std::fs::TryLockError::Error(e)) => panic!("flock {}: {e}", path.display()),
+            }
+        }
+        if locks.len() != blocks as usize {
+            continue;
+        }
+        let base = base as u16;
         let held: Vec<_> = (0..n).map_while(|i| TcpListener::bind(("127.0.0.1", base + i)).ok()).collect();
         if held.len() == n as usize {
+            HELD.lock().unwrap().extend(locks);
             return base;
         }
     }
-    panic!("no {n} consecutive free ports");
+    panic!("no {n} consecutive free ports outside the ephemeral range {lo}-{hi} that no other test holds");
 }
 
 /// The `[ports]` table of a topology whose every base has `n` free ports after it.
@@ -146,7 +176,16 @@ pub fn assert_trained_once_replayed(run: &Path) {
     }
     assert!(!dispatched.is_empty(), "{}: nothing dispatched", run.display());
     let missing: Vec<&u64> = dispatched.iter().filter(|g| !trained.contains_key(g)).collect();
-    assert!(missing.is_empty(), "{}: dispatched, never trained: {missing:?}", run.display());
+    if !missing.is_empty() {
+        // Each missing group's own lines, and what the run logged, to tell a drop's reason from a loss.
+        let lines: Vec<String> = jsonl(&run.join("ledger.jsonl"))
+            .into_iter()
+            .filter(|e| e["group"].as_u64().is_some_and(|g| missing.contains(&&g)) || e["event"] == "rollback")
+            .map(|e| e.to_string())
+            .collect();
+        let log = std::fs::read_to_string(run.parent().unwrap().join("up.log")).unwrap_or_default();
+        panic!("{}: dispatched, never trained: {missing:?}\nledger lines of those groups:\n{}\nup.log:\n{log}", run.display(), lines.join("\n"));
+    }
 }
 
 /// The TCP addresses process `pid` listens on, read from /proc (its own
