@@ -65,7 +65,7 @@ const PORT_BLOCK: u32 = 64;
 /// same span in between and one run would fail with "Address already in use".
 /// So each span is also reserved: it is made of aligned blocks of
 /// [`PORT_BLOCK`] ports, and each block is taken with an exclusive `flock` on
-/// `$TMPDIR/rlmesh-test-ports/PORT.lock`, held until this test process exits.
+/// `$TMPDIR/rlmesh-test-ports-UID/PORT.lock`, held until this test process exits.
 /// A block another test holds, or with a port in use, is passed over.
 pub fn free_port_base(n: u16) -> u16 {
     use std::net::TcpListener;
@@ -78,7 +78,9 @@ pub fn free_port_base(n: u16) -> u16 {
         .flat_map(|(a, b)| (a.div_ceil(PORT_BLOCK)..).map(|k| k * PORT_BLOCK).take_while(move |s| s + blocks * PORT_BLOCK <= b))
         .collect();
     assert!(!starts.is_empty(), "no room for {n} ports outside the ephemeral range {lo}-{hi}");
-    let dir = std::env::temp_dir().join("rlmesh-test-ports");
+    // One directory per user: another user's lock files could not be opened here.
+    let uid = std::os::unix::fs::MetadataExt::uid(&std::fs::metadata("/proc/self").expect("/proc/self"));
+    let dir = std::env::temp_dir().join(format!("rlmesh-test-ports-{uid}"));
     std::fs::create_dir_all(&dir).unwrap_or_else(|e| panic!("{}: {e}", dir.display()));
     let seed = std::process::id() as u64 ^ std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap().as_nanos() as u64;
     let first = (seed.wrapping_mul(6364136223846793005) >> 33) as usize % starts.len();
