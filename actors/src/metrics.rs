@@ -215,6 +215,8 @@ metrics! {
         "Share of policy tokens whose importance ratio was clipped in the last step.";
     learner_grad_norm: Gauge => "rlmesh_learner_grad_norm",
         "Gradient norm before clipping in the last step.";
+    learner_tokens_total: IntCounterVec["kind"] => "rlmesh_learner_tokens_total",
+        "Tokens of the learner's RL steps (kind: trained = under the loss mask, what the loss reads; computed = positions its forward passes ran, padding included and a group's shared prompt once). computed / trained is what a trained token costs.";
     actor_restarts_total: IntCounterVec["actor"] => "rlmesh_actor_restarts_total",
         "Restarts of each actor by its supervisor, and of each process the controller started again (`actor` = NODE/PROCESS).";
     groups_dispatched_total: IntCounter => "rlmesh_groups_dispatched_total",
@@ -230,6 +232,9 @@ metrics! {
     peers_lost_total: IntCounterVec["peer"] => "rlmesh_peers_lost_total",
         "Processes this one declared lost: silent past the heartbeat deadline, or (the controller) exited or unreachable.";
 }
+
+/// Kinds of learner tokens (`rlmesh_learner_tokens_total{kind}`).
+pub const LEARNER_TOKEN_KINDS: [&str; 2] = ["trained", "computed"];
 
 /// Reasons a group is dropped untrained (`rlmesh_groups_dropped_total{reason}`).
 pub const DROP_REASONS: [&str; 3] = ["stale", "run_ended", "uniform"];
@@ -353,6 +358,9 @@ impl Metrics {
         }
         for role in IDLE_ROLES {
             self.idle_ratio.with_label_values(&[role]);
+        }
+        for kind in LEARNER_TOKEN_KINDS {
+            self.learner_tokens_total.with_label_values(&[kind]);
         }
         for phase in WEIGHT_SYNC_PHASES {
             self.weight_sync_phase_seconds.with_label_values(&[phase]);

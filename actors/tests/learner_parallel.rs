@@ -102,6 +102,46 @@ fn two_and_three_ranks_match_one_rank_on_the_combined_batch() {
     }
 }
 
+/// Grouped batches with shared prompts: each group stays whole on one rank (balanced by the
+/// tokens it computes), and 2 ranks train like one within float tolerance.
+#[test]
+fn two_ranks_take_whole_groups_and_match_one_rank() {
+    let dir = tempfile::tempdir().unwrap();
+    let model = tiny_model(dir.path(), "m", 23);
+    let batches: Vec<TrainBatch> = (0..3).map(|i| grouped_batch(5, 4, 10, true, 30 + i)).collect();
+    // The shards: whole groups, every sequence once, the larger share within one group's tokens of the smaller.
+    let b = &batches[0];
+    let (s0, s1) = (b.shard(0, 2), b.shard(1, 2));
+    assert_eq!(s0.sequences.len() + s1.sequences.len(), b.sequences.len());
+    assert_eq!(s0.group_sizes.len() + s1.group_sizes.len(), 5);
+    for s in [&s0, &s1] {
+        for g in s.groups() {
+            let first = &s.sequences[g.start].token_ids[..10];
+            assert!(s.sequences[g].iter().all(|q| &q.token_ids[..10] == first), "a group's rollouts stay together");
+        }
+    }
+    let mut reference: Option<(Vec<RankStep>, Params)> = None;
+    for world in [1usize, 2] {
+        let out = dir.path().join(format!("grouped{world}"));
+        let mut j = job(&model, Some(out.clone()));
+        j.batches = JobBatches::Train(batches.clone());
+        let outputs = run(dir.path(), world, &[j]);
+        let per_rank: Vec<Vec<RankStep>> = outputs.iter().map(steps).collect();
+        let mut params = Tensor::read_safetensors(out.join("rank0.safetensors")).unwrap();
+        params.sort_by(|a, b| a.0.cmp(&b.0));
+        match &reference {
+            None => reference = Some((per_rank[0].clone(), params)),
+            Some((ref_steps, ref_params)) => {
+                for (a, b) in per_rank[0].iter().zip(ref_steps) {
+                    assert!((a.loss - b.loss).abs() < 1e-5, "step {}: loss {} on 2 ranks vs {} on one", a.step, a.loss, b.loss);
+                }
+                let worst = params.iter().zip(ref_params).map(|((_, p), (_, q))| max_diff(p, q)).fold(0.0, f64::max);
+                assert!(worst < 5e-6, "parameters differ from one rank's by {worst}");
+            }
+        }
+    }
+}
+
 #[test]
 fn ranks_with_different_parameters_stop_with_a_digest_mismatch() {
     let dir = tempfile::tempdir().unwrap();

@@ -108,6 +108,29 @@ fn bench_learner_alternates_rounds_and_can_give_the_peer_fused_adamw() {
     assert!(r["ours_median_s"].as_f64().unwrap() > 0.0 && r["torch_median_s"].as_f64().unwrap() > 0.0, "{r}");
 }
 
+/// `launcher bench learner --workload groups`: the shared-prefix, packed and padded layouts and
+/// the PyTorch peer on one grouped batch, each layout computing what its layout says.
+#[test]
+fn bench_learner_groups_times_four_layouts_and_the_shared_prompt_is_computed_once() {
+    let args = ["bench", "learner", "--models", "tiny", "--workload", "groups", "--groups", "2", "--group-size", "4", "--prompt-len", "24"];
+    let o = launcher(&[&args[..], &["--completion", "4,16", "--iters", "1", "--warmup", "0", "--rounds", "1", "--threads", "1"]].concat());
+    assert_eq!(code(&o), 0, "{}", stderr(&o));
+    let report: Value = serde_json::from_str(stdout(&o).lines().last().unwrap()).unwrap();
+    let r = &report["reports"][0];
+    let layouts: Vec<&str> = r["layouts"].as_array().unwrap().iter().map(|l| l["layout"].as_str().unwrap()).collect();
+    assert_eq!(layouts, ["shared", "packed", "padded", "torch"], "{r}");
+    let computed = |i: usize| r["layouts"][i]["computed_tokens"].as_u64().unwrap();
+    let sequence_tokens = r["sequence_tokens"].as_u64().unwrap();
+    assert_eq!(computed(1), sequence_tokens, "packed: every token once, no padding: {r}");
+    assert_eq!(computed(0), sequence_tokens - 2 * 3 * 24, "shared: each group's 24-token prompt once instead of 4 times: {r}");
+    assert!(computed(2) >= sequence_tokens && computed(3) >= sequence_tokens, "padded rows: {r}");
+    for k in ["shared_over_padded", "packed_over_padded", "shared_over_torch"] {
+        assert!(r[k].as_f64().unwrap() > 0.0, "{k}: {r}");
+    }
+    let bad = launcher(&[&args[..], &["--completion", "9,3"]].concat());
+    assert_eq!(code(&bad), 2, "{}", stderr(&bad));
+}
+
 /// `launcher bench pipeline`: real `launcher up` runs of one topology in one
 /// process and one of several processes, alternating; per-round speeds and the
 /// median ratio printed.

@@ -9,7 +9,8 @@
 //!
 //! - [`config`] reads `config.json`; [`io`] loads and saves weights.
 //! - [`transformer::Transformer`] is the network (parameters in a tch `VarStore`
-//!   under their Hugging Face names); [`score`] gives per-token log-probs.
+//!   under their Hugging Face names); [`score`] gives per-token log-probs;
+//!   [`layout`] packs a learner's sequences, a group's shared prompt once.
 //! - [`generate`] is the batched generation engine with a preallocated
 //!   [`cache::KvCache`], seeded sampling, stop tokens and strings; on CPU its
 //!   decode steps run in [`fused`], its output projection in [`packed`], and
@@ -26,6 +27,7 @@ pub mod generate;
 pub mod io;
 pub mod isa;
 pub mod kernels;
+pub mod layout;
 mod mkl;
 pub mod packed;
 pub mod score;

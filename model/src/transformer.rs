@@ -102,34 +102,6 @@ impl Batch {
         let positions = Tensor::arange(t, (Kind::Int64, ids.device())).unsqueeze(0).expand([b, t], false);
         Batch { ids: ids.shallow_clone(), positions, mask: Tensor::new() }
     }
-
-    /// A batch whose rows each hold several sequences end to end (`lengths[r]`: the
-    /// lengths of row r's sequences, in order; the rest of the row is padding). A token
-    /// attends only to earlier tokens of its own sequence and positions restart at each
-    /// sequence, so every sequence computes what it computes alone. Outputs at padding
-    /// positions are meaningless and must not be used.
-    pub fn packed(ids: &Tensor, lengths: &[Vec<usize>]) -> Batch {
-        let (b, t) = ids.size2().expect("ids are [B, T]");
-        assert_eq!(b as usize, lengths.len(), "one list of lengths per row");
-        let (mut positions, mut segments) = (vec![0i64; (b * t) as usize], vec![-1i64; (b * t) as usize]);
-        for (r, row) in lengths.iter().enumerate() {
-            let mut at = r * t as usize;
-            for (s, &n) in row.iter().enumerate() {
-                assert!(at + n <= (r + 1) * t as usize, "row {r}'s sequences are longer than the row");
-                for j in 0..n {
-                    positions[at + j] = j as i64;
-                    segments[at + j] = s as i64;
-                }
-                at += n;
-            }
-        }
-        let device = ids.device();
-        let segments = Tensor::from_slice(&segments).view([b, t]).to_device(device);
-        let same = segments.unsqueeze(2).eq_tensor(&segments.unsqueeze(1));
-        let causal = Tensor::ones([t, t], (Kind::Bool, device)).tril(0);
-        let mask = same.logical_and(&causal).unsqueeze(1);
-        Batch { ids: ids.shallow_clone(), positions: Tensor::from_slice(&positions).view([b, t]).to_device(device), mask }
-    }
 }
 
 impl Transformer {
@@ -211,12 +183,11 @@ impl Transformer {
     }
 
     /// Final hidden states `[B, T, H]` (after the last norm).
-    #[allow(clippy::assign_op_pattern)] // `a = a + b` on tensors: `+=` would write in place into a tensor autograd or a view shares
     pub fn hidden_states(&self, batch: &Batch, mut cache: Option<&mut KvCache>) -> Result<Tensor> {
         let c = &self.config;
         let (b, t) = batch.ids.size2()?;
         let kind = self.kind();
-        let mut x = Tensor::embedding(&self.embed, &batch.ids, -1, false, false);
+        let x = Tensor::embedding(&self.embed, &batch.ids, -1, false, false);
         let (cos, sin) = self.rope(&batch.positions, kind);
         let start = cache.as_ref().map(|c| c.len()).unwrap_or(0);
         if let Some(cache) = cache.as_ref() {
@@ -241,11 +212,10 @@ impl Transformer {
         } else {
             None
         };
-        for (i, layer) in self.layers.iter().enumerate() {
-            let h = layer.input_norm.forward(&x);
-            let q = layer.q.forward(&h).view([b, t, c.num_heads, c.head_dim]).transpose(1, 2);
-            let k = layer.k.forward(&h).view([b, t, c.num_kv_heads, c.head_dim]).transpose(1, 2);
-            let v = layer.v.forward(&h).view([b, t, c.num_kv_heads, c.head_dim]).transpose(1, 2);
+        let x = self.layers_forward(x, |i, q, k, v| {
+            let q = q.view([b, t, c.num_heads, c.head_dim]).transpose(1, 2);
+            let k = k.view([b, t, c.num_kv_heads, c.head_dim]).transpose(1, 2);
+            let v = v.view([b, t, c.num_kv_heads, c.head_dim]).transpose(1, 2);
             let q = &q * &cos + swap_halves(&q) * &sin;
             let k = &k * &cos + swap_halves(&k) * &sin;
             let (k, v) = match cache.as_deref_mut() {
@@ -253,15 +223,27 @@ impl Transformer {
                 None => (k, v),
             };
             let attn = Tensor::scaled_dot_product_attention(&q, &k, &v, mask.as_ref(), 0.0, is_causal, None, c.num_kv_heads != c.num_heads);
-            let attn = attn.transpose(1, 2).reshape([b, t, c.num_heads * c.head_dim]);
+            attn.transpose(1, 2).reshape([b, t, c.num_heads * c.head_dim])
+        });
+        if let Some(cache) = cache {
+            cache.advance(t);
+        }
+        Ok(x)
+    }
+
+    /// The decoder layers and the final norm over embeddings `x`; `attend(layer, q, k, v)`
+    /// gets each layer's query, key and value projections (before RoPE) and returns the
+    /// attention output in `x`'s token layout, before the output projection.
+    #[allow(clippy::assign_op_pattern)] // `a = a + b` on tensors: `+=` would write in place into a tensor autograd or a view shares
+    pub(crate) fn layers_forward(&self, mut x: Tensor, mut attend: impl FnMut(usize, &Tensor, &Tensor, &Tensor) -> Tensor) -> Tensor {
+        for (i, layer) in self.layers.iter().enumerate() {
+            let h = layer.input_norm.forward(&x);
+            let attn = attend(i, &layer.q.forward(&h), &layer.k.forward(&h), &layer.v.forward(&h));
             x = x + layer.o.forward(&attn);
             let h = layer.post_norm.forward(&x);
             x = x + layer.down.forward(&(layer.gate.forward(&h).silu() * layer.up.forward(&h)));
         }
-        if let Some(cache) = cache {
-            cache.advance(t);
-        }
-        Ok(self.norm.forward(&x))
+        self.norm.forward(&x)
     }
 
     /// The output projection `[V, H]` (the embedding when tied).
@@ -279,7 +261,7 @@ impl Transformer {
 }
 
 /// transformers' rotate_half without its negation (folded into the sin table): `[x2, x1]`.
-fn swap_halves(x: &Tensor) -> Tensor {
+pub(crate) fn swap_halves(x: &Tensor) -> Tensor {
     let half = x.size()[x.dim() - 1] / 2;
     let x1 = x.narrow(-1, 0, half);
     let x2 = x.narrow(-1, half, half);

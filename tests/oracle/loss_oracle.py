@@ -7,8 +7,10 @@ on transformers models.
   step      (stdin: {"model": DIR, "batch": {...}, "objective": "policy"|"sft", "config": {...}, "out": FILE})
             -> one optimizer step (AdamW state from DIR/optimizer.safetensors when present);
                writes gradients ("grad.NAME") and new parameters ("param.NAME") to FILE
-  bench     (stdin: like step plus "iters", "warmup", "threads", "device", "dtype")
-            -> {"seconds": [...], "median_s": s, "tokens_per_s": x}
+  bench     (stdin: like step plus "iters", "warmup", "threads", "device", "dtype", "micro_batch")
+            -> {"seconds": [...], "median_s": s, "tokens_per_s": x, "computed_tokens": n}
+            "micro_batch": rows per forward pass, each micro-batch padded to its longest row
+            and the gradient accumulated (as TRL pads and accumulates); default: the whole batch.
 """
 import json
 import math
@@ -54,9 +56,9 @@ def weights(mask, mode, sequences, tokens, max_len):
     return mask / (max(sequences, 1) * max(max_len, 1))
 
 
-def objective(c, mask, logp, entropy, beh=None, adv=None, ref=None, values=None, old_values=None, returns=None, sft=False):
-    """The total loss and its parts, on the whole batch."""
-    b, tokens = mask.shape[0], mask.sum().item()
+def objective(c, mask, logp, entropy, beh=None, adv=None, ref=None, values=None, old_values=None, returns=None, sft=False, totals=None):
+    """The total loss and its parts, on the whole batch (or a micro-batch of it, with the whole batch's (sequences, tokens))."""
+    b, tokens = totals if totals is not None else (mask.shape[0], mask.sum().item())
     out = {}
     if sft:
         w = weights(mask, "bnpo", b, tokens, 0)
@@ -156,29 +158,41 @@ class Setup:
                                      "exp_avg_sq": st["exp_avg_sq"][off:off + n].view_as(p).clone().to(device)}
                 off += n
         seqs = req["batch"]["sequences"]
-        t = max(len(s["token_ids"]) for s in seqs)
         self.tokens = sum(len(s["token_ids"]) for s in seqs)
-        self.ids = pad([s["token_ids"] for s in seqs], t, False, torch.long).to(device)
-        self.valid = pad([[1] * len(s["token_ids"]) for s in seqs], t, False, torch.long).to(device)
+        rows = int(req.get("micro_batch") or len(seqs))
+        self.micro = [self.tensors(seqs[i:i + rows], device) for i in range(0, len(seqs), rows)]
+        self.computed_tokens = sum(m["ids"].numel() for m in self.micro)
+        self.totals = (len(seqs), sum(sum(s["loss_mask"][1:]) for s in seqs))
+
+    def tensors(self, seqs, device):
+        t = max(len(s["token_ids"]) for s in seqs)
         col = lambda k: pad([s[k] for s in seqs], t, True).to(device) if all(s.get(k) is not None for s in seqs) else None
-        self.mask = col("loss_mask")
-        self.extra = {} if self.sft else dict(beh=col("behaviour_logprobs"), adv=col("advantages"), ref=col("ref_logprobs"),
-                                              old_values=col("values"), returns=col("returns"))
+        return dict(ids=pad([s["token_ids"] for s in seqs], t, False, torch.long).to(device),
+                    valid=pad([[1] * len(s["token_ids"]) for s in seqs], t, False, torch.long).to(device),
+                    mask=col("loss_mask"),
+                    extra={} if self.sft else dict(beh=col("behaviour_logprobs"), adv=col("advantages"), ref=col("ref_logprobs"),
+                                                   old_values=col("values"), returns=col("returns")))
 
     def step(self):
-        pos = (self.valid.cumsum(1) - 1).clamp(min=0)
-        h = self.model.model(input_ids=self.ids, attention_mask=self.valid, position_ids=pos).last_hidden_state[:, :-1]
-        lp = self.model.lm_head(h).float().log_softmax(-1)
-        logp = lp.gather(-1, self.ids[:, 1:].unsqueeze(-1)).squeeze(-1)
-        if self.c.get("entropy_coef", 0.0) and not self.sft:
-            entropy = -(lp.exp() * lp).sum(-1)
-        else:
-            with torch.no_grad():
-                entropy = -(lp.exp() * lp).sum(-1)
-        values = self.vhead(h.float()).squeeze(-1) if self.vhead is not None else None
-        total, out = objective(self.c, self.mask, logp, entropy, values=values, sft=self.sft, **self.extra)
         self.opt.zero_grad(set_to_none=False)
-        total.backward()
+        out = {}
+        for m in self.micro:
+            ids, valid = m["ids"], m["valid"]
+            pos = (valid.cumsum(1) - 1).clamp(min=0)
+            h = self.model.model(input_ids=ids, attention_mask=valid, position_ids=pos).last_hidden_state[:, :-1]
+            lp = self.model.lm_head(h).float().log_softmax(-1)
+            logp = lp.gather(-1, ids[:, 1:].unsqueeze(-1)).squeeze(-1)
+            if self.c.get("entropy_coef", 0.0) and not self.sft:
+                entropy = -(lp.exp() * lp).sum(-1)
+            else:
+                with torch.no_grad():
+                    entropy = -(lp.exp() * lp).sum(-1)
+            values = self.vhead(h.float()).squeeze(-1) if self.vhead is not None else None
+            total, part = objective(self.c, m["mask"], logp, entropy, values=values, sft=self.sft,
+                                    totals=self.totals if len(self.micro) > 1 else None, **m["extra"])
+            total.backward()
+            for k, v in part.items():
+                out[k] = out.get(k, 0.0) + v if k in ("loss", "policy_loss", "value_loss") or len(self.micro) == 1 else v
         max_norm = self.c.get("max_grad_norm")
         norm = torch.nn.utils.clip_grad_norm_(self.params, max_norm if max_norm is not None else float("inf"))
         out["grad_norm"] = norm.item()
@@ -214,7 +228,7 @@ def bench(req):
         if i >= req["warmup"]:
             times.append(time.perf_counter() - t0)
     med = sorted(times)[len(times) // 2]
-    return {"seconds": times, "median_s": med, "tokens_per_s": s.tokens / med}
+    return {"seconds": times, "median_s": med, "tokens_per_s": s.tokens / med, "computed_tokens": s.computed_tokens}
 
 
 def main():

@@ -92,7 +92,7 @@ fn sequence(t: &rlmesh_core::Trajectory, advantages: Vec<f32>) -> TrainSequence 
     }
 }
 
-/// The learner's batch for `groups` (trajectories in group order).
+/// The learner's batch for `groups` (trajectories in group order, `group_sizes` set).
 ///
 /// Errors only when a trajectory's step rewards do not match the turns in its
 /// loss mask, which the reward actor never produces.
@@ -151,7 +151,10 @@ pub fn train_batch(groups: &[ScoredGroup], how: &Advantages) -> Result<TrainBatc
             }
         }
     }
-    Ok(TrainBatch { sequences })
+    // Every estimator gives one sequence per trajectory, group by group.
+    let group_sizes: Vec<usize> = groups.iter().map(|g| g.group.trajectories.len().min(g.scores.len())).collect();
+    debug_assert_eq!(group_sizes.iter().sum::<usize>(), sequences.len());
+    Ok(TrainBatch { sequences, group_sizes })
 }
 
 #[cfg(test)]

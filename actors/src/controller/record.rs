@@ -145,6 +145,8 @@ pub(super) fn step_record(metrics: &Metrics, recipe: &Recipe, s: &StepFacts<'_>)
     let mut row = json!({
         "step": s.step, "version": s.version, "reward_mean": reward_mean, "loss": stats.loss, "kl": stats.kl, "entropy": stats.entropy,
         "clip_fraction": stats.clip_fraction, "grad_norm": stats.grad_norm, "learner_tokens_per_s": stats.tokens_per_s,
+        "learner_trained_tokens": stats.trained_tokens, "learner_computed_tokens": stats.computed_tokens,
+        "learner_computed_per_trained": stats.computed_tokens as f64 / stats.trained_tokens.max(1) as f64,
         "tokens_per_s": s.gen_tok_s, "staleness_max": s.max_stale, "groups_trained": admitted.len(), "seconds": s.seconds,
     });
     s.phases.record(&mut row);
@@ -202,6 +204,8 @@ pub(super) fn step_record(metrics: &Metrics, recipe: &Recipe, s: &StepFacts<'_>)
     metrics.learner_entropy.set(stats.entropy);
     metrics.learner_clip_fraction.set(stats.clip_fraction.unwrap_or(0.0));
     metrics.learner_grad_norm.set(stats.grad_norm);
+    metrics.learner_tokens_total.with_label_values(&[crate::metrics::LEARNER_TOKEN_KINDS[0]]).inc_by(stats.trained_tokens as u64);
+    metrics.learner_tokens_total.with_label_values(&[crate::metrics::LEARNER_TOKEN_KINDS[1]]).inc_by(stats.computed_tokens as u64);
     row
 }
 

@@ -1,12 +1,11 @@
-//! What the learner trains on: plain, serialisable data, turned into padded
-//! tensors one micro-batch at a time.
+//! What the learner trains on: plain, serialisable data ([`super::micro`] lays
+//! it out as tensors one micro-batch at a time).
 //!
 //! Every per-token array is aligned with `token_ids` (element `i` belongs to
 //! token `i`, predicted from tokens `..i`); token 0 is never predicted, so its
 //! loss mask must be 0.
 use super::error::{LearnerError, Result};
 use serde::{Deserialize, Serialize};
-use tch::{Device, Tensor};
 
 /// One sequence for a policy-gradient step.
 #[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
@@ -37,8 +36,14 @@ pub struct TrainSequence {
 /// A batch for [`super::Learner::train_step`].
 #[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
 pub struct TrainBatch {
-    /// The sequences.
+    /// The sequences, a group's members next to each other.
     pub sequences: Vec<TrainSequence>,
+    /// How many consecutive sequences each group holds (the G rollouts of one
+    /// prompt); empty: every sequence is a group of its own. A group's common
+    /// prompt is forwarded once (`shared_prefix`), and a group stays on one
+    /// data-parallel rank.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub group_sizes: Vec<usize>,
 }
 
 /// One sequence for supervised fine-tuning: cross-entropy on the masked tokens.
@@ -63,13 +68,86 @@ pub fn shard<T: Clone>(items: &[T], rank: usize, world: usize) -> Vec<T> {
 }
 
 impl TrainBatch {
-    /// The share of rank `rank` of `world` data-parallel ranks.
+    /// A batch of groups, in order.
+    pub fn of_groups(groups: impl IntoIterator<Item = Vec<TrainSequence>>) -> TrainBatch {
+        let mut batch = TrainBatch::default();
+        for g in groups {
+            batch.group_sizes.push(g.len());
+            batch.sequences.extend(g);
+        }
+        batch
+    }
+
+    /// The sequence ranges of the groups (one per sequence without `group_sizes`).
+    pub fn groups(&self) -> Vec<std::ops::Range<usize>> {
+        if self.group_sizes.is_empty() {
+            return (0..self.sequences.len()).map(|i| i..i + 1).collect();
+        }
+        let mut at = 0;
+        self.group_sizes
+            .iter()
+            .map(|&n| {
+                at += n;
+                at - n..at
+            })
+            .collect()
+    }
+
+    /// The index of the group sequence `i` belongs to.
+    pub fn group_of(&self, i: usize) -> usize {
+        if self.group_sizes.is_empty() {
+            return i;
+        }
+        let mut end = 0;
+        self.group_sizes.iter().position(|&n| {
+            end += n;
+            i < end
+        })
+        .unwrap_or(self.group_sizes.len())
+    }
+
+    /// The share of rank `rank` of `world` data-parallel ranks: whole groups, each
+    /// to the rank with the fewest tokens to compute so far (largest groups first,
+    /// counting a group's shared prompt once), so ranks finish their steps together.
     pub fn shard(&self, rank: usize, world: usize) -> TrainBatch {
-        TrainBatch { sequences: shard(&self.sequences, rank, world) }
+        if world <= 1 {
+            return self.clone();
+        }
+        let mut groups: Vec<(usize, std::ops::Range<usize>)> = self
+            .groups()
+            .into_iter()
+            .map(|g| {
+                let members: Vec<usize> = g.clone().collect();
+                let prefix = super::micro::shared_prefix_len(self, &members);
+                (prefix + members.iter().map(|&i| self.sequences[i].token_ids.len() - prefix).sum::<usize>(), g)
+            })
+            .collect();
+        groups.sort_by_key(|(cost, g)| (std::cmp::Reverse(*cost), g.start));
+        let mut load = vec![0usize; world];
+        let mut mine = vec![];
+        for (cost, g) in groups {
+            let r = (0..world).min_by_key(|&r| (load[r], r)).expect("world > 1");
+            load[r] += cost;
+            if r == rank {
+                mine.push(g);
+            }
+        }
+        mine.sort_by_key(|g| g.start);
+        TrainBatch::of_groups(mine.into_iter().map(|g| self.sequences[g].to_vec()))
     }
 
     /// Checks lengths, the mask and token ids (`vocab`), naming the sequence and field.
     pub fn validate(&self, vocab: i64, needs_returns: bool) -> Result<()> {
+        if !self.group_sizes.is_empty() {
+            let total: usize = self.group_sizes.iter().sum();
+            if total != self.sequences.len() || self.group_sizes.contains(&0) {
+                return Err(LearnerError::Batch {
+                    index: 0,
+                    field: "group_sizes",
+                    message: format!("groups of {:?} sequences (sum {total}) for {} sequences; each group holds at least one", self.group_sizes, self.sequences.len()),
+                });
+            }
+        }
         for (i, s) in self.sequences.iter().enumerate() {
             check_tokens(i, &s.token_ids, &s.loss_mask, vocab)?;
             let n = s.token_ids.len();
@@ -133,130 +211,4 @@ fn check_tokens(index: usize, ids: &[u32], mask: &[u8], vocab: i64) -> Result<()
         return Err(LearnerError::Batch { index, field: "token_ids", message: format!("id {t} is outside the vocabulary of {vocab}") });
     }
     Ok(())
-}
-
-/// A padded micro-batch: ids and validity `[B, T]`, per-token arrays shifted to `[B, T−1]`.
-pub(crate) struct MicroBatch {
-    pub ids: Tensor,
-    pub valid: Tensor,
-    /// Loss mask of the predicted tokens `[B, T−1]` (float).
-    pub mask: Tensor,
-    pub advantages: Option<Tensor>,
-    pub behaviour: Option<Tensor>,
-    pub ref_logprobs: Option<Tensor>,
-    pub values: Option<Tensor>,
-    pub returns: Option<Tensor>,
-    /// Tokens in the micro-batch (all positions, not only masked ones).
-    pub tokens: usize,
-    /// Rows holding several sequences end to end: the lengths of each row's sequences.
-    pub packing: Option<Vec<Vec<usize>>>,
-}
-
-/// Sequences `idx` (of lengths `len(i)`) packed first-fit, longest first, into rows as
-/// long as the longest of them: each row lists its sequences in order.
-pub(crate) fn pack(idx: &[usize], len: impl Fn(usize) -> usize) -> Vec<Vec<usize>> {
-    let mut order = idx.to_vec();
-    order.sort_by_key(|&i| std::cmp::Reverse(len(i)));
-    let cap = order.first().map_or(0, |&i| len(i));
-    let mut rows: Vec<(usize, Vec<usize>)> = vec![];
-    for i in order {
-        match rows.iter_mut().find(|(used, _)| used + len(i) <= cap) {
-            Some((used, row)) => {
-                *used += len(i);
-                row.push(i);
-            }
-            None => rows.push((len(i), vec![i])),
-        }
-    }
-    rows.into_iter().map(|(_, row)| row).collect()
-}
-
-/// Pads rows of ids (and row-aligned token arrays) to the longest row.
-pub(crate) struct Padder {
-    t: usize,
-    b: usize,
-    device: Device,
-}
-
-impl Padder {
-    pub(crate) fn new(lens: impl Iterator<Item = usize>, device: Device) -> Self {
-        let lens: Vec<usize> = lens.collect();
-        Padder { t: lens.iter().copied().max().unwrap_or(2).max(2), b: lens.len(), device }
-    }
-
-    /// `[B, T]` int64 ids and bool validity.
-    pub(crate) fn ids<'a>(&self, rows: impl Iterator<Item = &'a [u32]>) -> (Tensor, Tensor) {
-        let mut ids = vec![0i64; self.b * self.t];
-        let mut valid = vec![false; self.b * self.t];
-        for (r, row) in rows.enumerate() {
-            for (j, &x) in row.iter().enumerate() {
-                ids[r * self.t + j] = x as i64;
-                valid[r * self.t + j] = true;
-            }
-        }
-        let shape = [self.b as i64, self.t as i64];
-        (Tensor::from_slice(&ids).view(shape).to_device(self.device), Tensor::from_slice(&valid).view(shape).to_device(self.device))
-    }
-
-    /// Per-token values of tokens `1..n` as a `[B, T−1]` float tensor (0 on padding).
-    pub(crate) fn shifted<'a, X: Copy + Into<f64> + 'a>(&self, rows: impl Iterator<Item = &'a [X]>) -> Tensor {
-        let w = self.t - 1;
-        let mut out = vec![0f32; self.b * w];
-        for (r, row) in rows.enumerate() {
-            for (j, &x) in row.iter().enumerate().skip(1) {
-                out[r * w + j - 1] = x.into() as f32;
-            }
-        }
-        Tensor::from_slice(&out).view([self.b as i64, w as i64]).to_device(self.device)
-    }
-}
-
-impl MicroBatch {
-    /// The micro-batch of SFT sequences in `rows` (sequence indices): `packed`, rows hold
-    /// several sequences ([`pack`]) under a block-diagonal mask; else one sequence each,
-    /// right-padded. A sequence's first token is never a target (in a packed row the
-    /// position before it belongs to another sequence).
-    pub(crate) fn sft(batch: &SftBatch, rows: &[Vec<usize>], packed: bool, device: Device) -> MicroBatch {
-        let rows: Vec<Vec<&SftSequence>> = rows.iter().map(|row| row.iter().map(|&i| &batch.sequences[i]).collect()).collect();
-        let flat_ids: Vec<Vec<u32>> = rows.iter().map(|row| row.iter().flat_map(|s| s.token_ids.iter().copied()).collect()).collect();
-        let flat_mask: Vec<Vec<u8>> =
-            rows.iter().map(|row| row.iter().flat_map(|s| s.loss_mask.iter().enumerate().map(|(j, &m)| if j == 0 { 0 } else { m })).collect()).collect();
-        let p = Padder::new(flat_ids.iter().map(Vec::len), device);
-        let (ids, valid) = p.ids(flat_ids.iter().map(Vec::as_slice));
-        MicroBatch {
-            ids,
-            valid,
-            mask: p.shifted(flat_mask.iter().map(Vec::as_slice)),
-            advantages: None,
-            behaviour: None,
-            ref_logprobs: None,
-            values: None,
-            returns: None,
-            tokens: flat_ids.iter().map(Vec::len).sum(),
-            packing: packed.then(|| rows.iter().map(|row| row.iter().map(|s| s.token_ids.len()).collect()).collect()),
-        }
-    }
-
-    /// The micro-batch of policy-gradient sequences `idx`.
-    pub(crate) fn train(batch: &TrainBatch, idx: &[usize], device: Device) -> MicroBatch {
-        let rows = || idx.iter().map(|&i| &batch.sequences[i]);
-        let p = Padder::new(rows().map(|s| s.token_ids.len()), device);
-        let (ids, valid) = p.ids(rows().map(|s| s.token_ids.as_slice()));
-        let optional = |get: fn(&TrainSequence) -> &Option<Vec<f32>>| {
-            rows().all(|s| get(s).is_some()).then(|| p.shifted(rows().map(|s| get(s).as_deref().expect("checked"))))
-        };
-        MicroBatch {
-            ids,
-            valid,
-            mask: p.shifted(rows().map(|s| s.loss_mask.as_slice())),
-            advantages: Some(p.shifted(rows().map(|s| s.advantages.as_slice()))),
-            behaviour: Some(p.shifted(rows().map(|s| s.behaviour_logprobs.as_slice()))),
-            ref_logprobs: optional(|s| &s.ref_logprobs),
-            values: optional(|s| &s.values),
-            returns: optional(|s| &s.returns),
-            tokens: rows().map(|s| s.token_ids.len()).sum(),
-            packing: None,
-        }
-    }
-
 }

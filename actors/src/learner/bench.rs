@@ -84,20 +84,25 @@ pub fn synthetic_batch(vocab: i64, batch: usize, seq_len: usize, prompt_len: usi
         .map(|_| {
             let token_ids: Vec<u32> = (0..seq_len).map(|_| 3 + (unit() * (vocab - 3) as f64) as u32).collect();
             let loss_mask: Vec<u8> = (0..seq_len).map(|i| (i >= prompt_len.max(1)) as u8).collect();
-            let adv = (unit() * 2.0 - 1.0) as f32;
-            TrainSequence {
-                advantages: loss_mask.iter().map(|&m| m as f32 * adv).collect(),
-                behaviour_logprobs: (0..seq_len).map(|_| (-12.0 + unit()) as f32).collect(),
-                ref_logprobs: Some((0..seq_len).map(|_| (-12.0 + unit()) as f32).collect()),
-                token_ids,
-                loss_mask,
-                values: None,
-                returns: None,
-                rewards: None,
-            }
+            synthetic_sequence(token_ids, loss_mask, &mut unit)
         })
         .collect();
-    TrainBatch { sequences }
+    TrainBatch { sequences, ..Default::default() }
+}
+
+/// A sequence of the benchmarks' batches: one advantage in [−1, 1) on every trained token,
+/// behaviour and reference log-probs near −12 (a random model's), drawn from `unit`.
+pub(crate) fn synthetic_sequence(token_ids: Vec<u32>, loss_mask: Vec<u8>, unit: &mut dyn FnMut() -> f64) -> TrainSequence {
+    let n = token_ids.len();
+    let adv = (unit() * 2.0 - 1.0) as f32;
+    TrainSequence {
+        advantages: loss_mask.iter().map(|&m| m as f32 * adv).collect(),
+        behaviour_logprobs: (0..n).map(|_| (-12.0 + unit()) as f32).collect(),
+        ref_logprobs: Some((0..n).map(|_| (-12.0 + unit()) as f32).collect()),
+        token_ids,
+        loss_mask,
+        ..Default::default()
+    }
 }
 
 /// The learner configuration the benchmark uses on both sides: GRPO, k3 KL (β 0.04) in the loss, clip 1.0, one micro-batch.

@@ -115,10 +115,20 @@ pub struct LearnerConfig {
     pub schedule: LrSchedule,
     /// Gradient-norm clip (None: no clipping).
     pub max_grad_norm: Option<f64>,
-    /// Rows per micro-batch (per rank): gradients are accumulated over micro-batches. A
-    /// policy row is one sequence; an SFT row packs sequences up to the longest one's
-    /// length when `pack_sft` is on, else holds one.
+    /// Rows per micro-batch (per rank) where rows are padded: gradients are accumulated
+    /// over micro-batches. A padded policy row (`pack = false`) is one sequence; an SFT row
+    /// packs sequences up to the longest one's length when `pack_sft` is on, else holds one.
     pub micro_batch_size: usize,
+    /// Policy steps lay sequences end to end with no padding, in micro-batches of at most
+    /// `micro_batch_tokens` computed tokens (default on); off: one right-padded sequence
+    /// per row, `micro_batch_size` rows (the plain path, kept as the oracle).
+    pub pack: bool,
+    /// With `pack`, a group's common prompt (its token prefix before the first trained
+    /// token) is forwarded once for all its rollouts (default on).
+    pub shared_prefix: bool,
+    /// Computed tokens per packed micro-batch (per rank); a sequence or a shared prompt
+    /// with one continuation longer than this gets a micro-batch of its own.
+    pub micro_batch_tokens: usize,
     /// Pack several SFT sequences into each row (a block-diagonal attention mask keeps
     /// them apart) instead of padding each to its micro-batch's longest (default on).
     pub pack_sft: bool,
@@ -156,6 +166,9 @@ impl Default for LearnerConfig {
             schedule: LrSchedule::Constant,
             max_grad_norm: Some(1.0),
             micro_batch_size: 4,
+            pack: true,
+            shared_prefix: true,
+            micro_batch_tokens: 4096,
             pack_sft: true,
             mini_batches: 1,
             ppo_epochs: 1,
@@ -174,11 +187,24 @@ impl Default for LearnerConfig {
 }
 
 impl LearnerConfig {
+    /// How policy micro-batches are laid out.
+    pub(crate) fn packing(&self) -> super::micro::Packing {
+        use super::micro::Packing;
+        match (self.pack, self.shared_prefix) {
+            (false, _) => Packing::Padded,
+            (true, false) => Packing::Packed,
+            (true, true) => Packing::SharedPrefix,
+        }
+    }
+
     /// Checks the fields that can be wrong on their own.
     pub fn validate(&self) -> Result<()> {
         let bad = |field, message: &str| Err(LearnerError::Config { field, message: message.to_string() });
         if self.micro_batch_size == 0 {
             return bad("micro_batch_size", "must be at least 1");
+        }
+        if self.micro_batch_tokens < 2 {
+            return bad("micro_batch_tokens", "must be at least 2");
         }
         if self.mini_batches == 0 {
             return bad("mini_batches", "must be at least 1");

@@ -1,8 +1,8 @@
 //! The losses, per token, as plain functions on tch tensors (ALGORITHMS.md §4, §6).
 //!
-//! Every function takes `[B, T]` tensors aligned token by token (float32) and
-//! returns per-token values; [`token_weights`] turns the loss mask into the
-//! weights of one aggregation mode, so that a loss is `Σ w·l` — a sum that
+//! Every function takes tensors aligned token by token (float32: `[B, T]` rows,
+//! or the learner's flat `[K]` targets) and returns per-token values;
+//! [`token_weights`] and [`target_weights`] give the weights of one aggregation mode, so that a loss is `Σ w·l` — a sum that
 //! splits over micro-batches and data-parallel ranks without changing its value.
 use serde::{Deserialize, Serialize};
 use tch::{Kind, Tensor};
@@ -121,16 +121,21 @@ pub struct BatchTotals {
     pub max_completion_length: f64,
 }
 
-/// Per-token weights `w` (zero off the mask) such that the aggregated loss is `Σ w·l`.
+/// Per-token weights `w` (zero off the mask) such that the aggregated loss is `Σ w·l`,
+/// for `[B, T]` masks (one sequence per row).
 pub fn token_weights(mask: &Tensor, mode: Aggregation, totals: &BatchTotals) -> Tensor {
     let m = mask.to_kind(Kind::Float);
+    let per_seq = m.sum_dim_intlist(-1, true, Kind::Float).expand_as(&m);
+    &m * target_weights(&per_seq, mode, totals)
+}
+
+/// The weight of each trained token, from the masked tokens of its sequence
+/// (`counts`, any shape): [`token_weights`] for a learner's flat targets.
+pub fn target_weights(counts: &Tensor, mode: Aggregation, totals: &BatchTotals) -> Tensor {
     match mode {
-        Aggregation::Grpo => {
-            let per_seq = m.sum_dim_intlist(-1, true, Kind::Float).clamp_min(1.0);
-            &m / per_seq / totals.sequences.max(1.0)
-        }
-        Aggregation::Bnpo | Aggregation::Dapo => &m / totals.tokens.max(1.0),
-        Aggregation::DrGrpo => &m / (totals.sequences.max(1.0) * totals.max_completion_length.max(1.0)),
+        Aggregation::Grpo => (counts.to_kind(Kind::Float).clamp_min(1.0) * totals.sequences.max(1.0)).reciprocal(),
+        Aggregation::Bnpo | Aggregation::Dapo => counts.ones_like().to_kind(Kind::Float) / totals.tokens.max(1.0),
+        Aggregation::DrGrpo => counts.ones_like().to_kind(Kind::Float) / (totals.sequences.max(1.0) * totals.max_completion_length.max(1.0)),
     }
 }
 

@@ -11,7 +11,8 @@
 //!
 //! A step: the batch (this rank's share) is passed over `ppo_epochs` times,
 //! each pass split into `mini_batches` optimizer steps, each accumulated over
-//! micro-batches. The per-token losses of [`loss`] are reduced with weights
+//! micro-batches ([`micro`](self) lays them out: packed end to end, a group's shared
+//! prompt forwarded once; or padded). The per-token losses of [`loss`] are reduced with weights
 //! fixed by the *global* batch (sequences and masked tokens summed over all
 //! ranks), so micro-batching and data parallelism do not change the
 //! objective. Gradients are summed into one flat float32 buffer, all-reduced
@@ -40,10 +41,12 @@
 
 pub mod batch;
 pub mod bench;
+pub mod bench_groups;
 pub mod checkpoint;
 pub mod config;
 pub mod error;
 pub mod loss;
+mod micro;
 pub mod optim;
 pub mod parallel;
 pub mod rank;

@@ -1,5 +1,6 @@
 //! [`Learner`]: one data-parallel rank's model, optimiser and training steps.
-use super::batch::{MicroBatch, SftBatch, TrainBatch};
+use super::batch::{SftBatch, TrainBatch};
+use super::micro::{self, MicroBatch, Packing, Targets, Unit};
 use super::config::{KlCoef, KlPlacement, LearnerConfig};
 use super::error::{LearnerError, Result};
 use super::loss::{self, Aggregation, BatchTotals};
@@ -7,7 +8,6 @@ use super::optim::{next_lr, AdamW, ParamSet};
 use super::parallel::{digest_tensors, DataParallel};
 use super::value::ValueHead;
 use rlmesh_comm::Collective;
-use rlmesh_model::transformer::Batch;
 use rlmesh_model::Transformer;
 use rlmesh_core::advantage::steptool::{steptool_advantages, StepToolParams, StepToolRollout};
 use serde::{Deserialize, Serialize};
@@ -54,6 +54,14 @@ pub struct StepStats {
     pub sequences: usize,
     /// Tokens processed (forward and backward, all epochs, all ranks).
     pub tokens: usize,
+    /// Tokens the loss reads (under the loss mask; all epochs, all ranks).
+    #[serde(default)]
+    pub trained_tokens: usize,
+    /// Positions the forward passes computed (padding included, a shared prompt
+    /// once; all epochs, all ranks): `computed_tokens / trained_tokens` is what
+    /// each trained token cost.
+    #[serde(default)]
+    pub computed_tokens: usize,
     /// `tokens` per second of wall time.
     pub tokens_per_s: f64,
     /// Wall time of the call in seconds.
@@ -78,12 +86,6 @@ impl Objective<'_> {
             Objective::Sft(b) => b.sequences.len(),
         }
     }
-    fn length(&self, i: usize) -> usize {
-        match self {
-            Objective::Policy(b) => b.sequences[i].token_ids.len(),
-            Objective::Sft(b) => b.sequences[i].token_ids.len(),
-        }
-    }
     fn masked(&self, i: usize) -> usize {
         let m = match self {
             Objective::Policy(b) => &b.sequences[i].loss_mask,
@@ -91,27 +93,39 @@ impl Objective<'_> {
         };
         m.iter().map(|&x| x as usize).sum()
     }
-    /// The step's micro-batches over `idx`: lists of rows, each row a list of sequences.
-    /// SFT packs several sequences into a row (its loss is a plain token mean, blind to
-    /// rows); policy losses aggregate per sequence, so a policy row holds one sequence.
-    /// Sequences of similar lengths share a micro-batch either way, which pads less.
-    fn plan(&self, idx: &[usize], micro_batch_size: usize, pack_sft: bool) -> Vec<Vec<Vec<usize>>> {
-        let rows: Vec<Vec<usize>> = match self {
-            Objective::Sft(_) if pack_sft => super::batch::pack(idx, |i| self.length(i)),
-            _ => {
-                let mut idx = idx.to_vec();
-                idx.sort_by_key(|&i| self.length(i));
-                idx.iter().map(|&i| vec![i]).collect()
+
+    /// The step's micro-batches over sequences `idx` ([`super::micro`]): policy steps in
+    /// the configured layout; SFT rows packed end to end (its loss is a plain token mean,
+    /// blind to rows) when `pack_sft`, else padded.
+    fn plan(&self, idx: &[usize], cfg: &LearnerConfig) -> Vec<Piece> {
+        let padded = |s: &dyn Fn(&[usize]) -> Vec<Vec<usize>>| s(idx).into_iter().map(Piece::Rows).collect();
+        match (self, cfg.packing()) {
+            (Objective::Policy(b), Packing::Padded) => padded(&|idx| micro::plan_padded(*b, idx, cfg.micro_batch_size)),
+            (Objective::Policy(b), p) => {
+                micro::plan_packed(*b, idx, cfg.micro_batch_tokens, p == Packing::SharedPrefix).into_iter().map(Piece::Units).collect()
             }
-        };
-        rows.chunks(micro_batch_size.max(1)).map(<[_]>::to_vec).collect()
-    }
-    fn micro(&self, rows: &[Vec<usize>], pack_sft: bool, device: tch::Device) -> MicroBatch {
-        match self {
-            Objective::Policy(b) => MicroBatch::train(b, &rows.concat(), device),
-            Objective::Sft(b) => MicroBatch::sft(b, rows, pack_sft, device),
+            (Objective::Sft(b), _) if cfg.pack_sft => micro::pack_rows(*b, idx)
+                .chunks(cfg.micro_batch_size.max(1))
+                .map(|rows| Piece::Units(rows.iter().flatten().map(|&i| Unit::Alone(i)).collect()))
+                .collect(),
+            (Objective::Sft(b), _) => padded(&|idx| micro::plan_padded(*b, idx, cfg.micro_batch_size)),
         }
     }
+
+    fn micro(&self, piece: &Piece, device: tch::Device) -> MicroBatch {
+        match (self, piece) {
+            (Objective::Policy(b), Piece::Rows(r)) => MicroBatch::padded(*b, Some(b), r, Targets::Masked, device),
+            (Objective::Policy(b), Piece::Units(u)) => MicroBatch::packed(*b, Some(b), u, Targets::Masked, device),
+            (Objective::Sft(b), Piece::Rows(r)) => MicroBatch::padded(*b, None, r, Targets::Masked, device),
+            (Objective::Sft(b), Piece::Units(u)) => MicroBatch::packed(*b, None, u, Targets::Masked, device),
+        }
+    }
+}
+
+/// The sequences of one micro-batch: padded rows, or packed units.
+enum Piece {
+    Rows(Vec<usize>),
+    Units(Vec<Unit>),
 }
 
 /// Per-optimizer-step sums, reduced across ranks (sums, then min, max).
@@ -126,17 +140,18 @@ struct Sums {
     ratio: f64,
     masked: f64,
     tokens: f64,
+    computed: f64,
     ratio_min: f64,
     ratio_max: f64,
 }
 
 impl Sums {
-    const LEN: usize = 11;
+    const LEN: usize = 12;
     fn new() -> Sums {
         Sums { ratio_min: f64::INFINITY, ratio_max: f64::NEG_INFINITY, ..Default::default() }
     }
     fn to_vec(self) -> Vec<f64> {
-        vec![self.loss, self.policy, self.value, self.kl, self.entropy, self.clipped, self.ratio, self.masked, self.tokens, self.ratio_min, self.ratio_max]
+        vec![self.loss, self.policy, self.value, self.kl, self.entropy, self.clipped, self.ratio, self.masked, self.tokens, self.computed, self.ratio_min, self.ratio_max]
     }
     fn from_slice(v: &[f64]) -> Sums {
         Sums {
@@ -149,8 +164,9 @@ impl Sums {
             ratio: v[6],
             masked: v[7],
             tokens: v[8],
-            ratio_min: v[9],
-            ratio_max: v[10],
+            computed: v[9],
+            ratio_min: v[10],
+            ratio_max: v[11],
         }
     }
     fn merge(&mut self, o: &Sums) {
@@ -163,12 +179,13 @@ impl Sums {
         self.ratio += o.ratio;
         self.masked += o.masked;
         self.tokens += o.tokens;
+        self.computed += o.computed;
         self.ratio_min = self.ratio_min.min(o.ratio_min);
         self.ratio_max = self.ratio_max.max(o.ratio_max);
     }
 }
 
-/// Outputs of one forward pass over a micro-batch, aligned with the predicted tokens `[B, T−1]`.
+/// Outputs of one forward pass over a micro-batch, one per target `[K]`.
 struct Forward {
     logp: Tensor,
     entropy: Tensor,
@@ -302,13 +319,12 @@ impl Learner {
         if let Some(i) = batch.sequences.iter().position(|s| s.rewards.is_none()) {
             return Err(LearnerError::Batch { index: i, field: "rewards", message: "required by GAE (gae), missing".into() });
         }
-        let ids: Vec<Vec<u32>> = batch.sequences.iter().map(|s| s.token_ids.clone()).collect();
-        let values = self.values(&ids)?;
+        let values = self.values(batch)?;
         let in_reward = self.config.kl.is_some_and(|k| k.placement == KlPlacement::Reward);
         let refs: Option<Vec<Vec<f32>>> = match (in_reward, batch.sequences.iter().all(|s| s.ref_logprobs.is_some())) {
             (false, _) => None,
             (true, true) => Some(batch.sequences.iter().map(|s| s.ref_logprobs.clone().expect("checked")).collect()),
-            (true, false) => Some(self.reference_logprobs(&ids)?),
+            (true, false) => Some(self.reference_logprobs(batch)?),
         };
         let rewards: Vec<Vec<f64>> = batch.sequences.iter().map(|s| s.rewards.as_deref().expect("checked").iter().map(|&r| f64::from(r)).collect()).collect();
         let rollouts: Vec<StepToolRollout<'_>> = batch
@@ -416,35 +432,39 @@ impl Learner {
     }
 
     /// Value-head outputs for each token of each sequence (element `i` is the value before token `i`; 0 for token 0).
-    pub fn values(&self, seqs: &[Vec<u32>]) -> Result<Vec<Vec<f32>>> {
+    pub fn values(&self, batch: &TrainBatch) -> Result<Vec<Vec<f32>>> {
         let head = self.value_head.as_ref().ok_or(LearnerError::Config { field: "value", message: "the learner has no value head".into() })?;
-        self.per_token(seqs, |ids, valid| {
-            let h = self.model.hidden_states(&model_batch(ids, valid), None)?;
-            let t = h.size()[1];
-            Ok(head.forward(&h.narrow(1, 0, t - 1)))
-        })
+        self.per_token(batch, &self.model, |h, _| head.forward(h))
     }
 
     /// Reference-policy log-probs for each token (element `i` is log P(token i | ..i); 0 for token 0).
-    pub fn reference_logprobs(&self, seqs: &[Vec<u32>]) -> Result<Vec<Vec<f32>>> {
+    pub fn reference_logprobs(&self, batch: &TrainBatch) -> Result<Vec<Vec<f32>>> {
         let r = self.reference.as_ref().ok_or(LearnerError::Config { field: "kl", message: "the learner has no reference model".into() })?;
-        self.per_token(seqs, |ids, valid| Ok(r.token_logprobs(ids, valid)?))
+        self.per_token(batch, r, |h, targets| r.output_logprobs(h).gather(-1, &targets.unsqueeze(-1), false).squeeze_dim(-1))
     }
 
-    fn per_token(&self, seqs: &[Vec<u32>], f: impl Fn(&Tensor, &Tensor) -> Result<Tensor>) -> Result<Vec<Vec<f32>>> {
-        let mut out = Vec::with_capacity(seqs.len());
-        for chunk in seqs.chunks(self.config.micro_batch_size) {
-            let p = super::batch::Padder::new(chunk.iter().map(Vec::len), self.model.device());
-            let (ids, valid) = p.ids(chunk.iter().map(Vec::as_slice));
-            let v = tch::no_grad(|| f(&ids, &valid))?.to_device(tch::Device::Cpu).to_kind(Kind::Float).contiguous();
-            let w = v.size()[1] as usize;
-            let flat = Vec::<f32>::try_from(v.view([-1]))?;
-            for (r, s) in chunk.iter().enumerate() {
-                let mut row = vec![0.0f32; s.len()];
-                for j in 1..s.len() {
-                    row[j] = flat[r * w + j - 1];
-                }
-                out.push(row);
+    /// `head(hidden states, targets)` at every token after the first of every sequence,
+    /// with `model`, in the micro-batches and layout the learner trains with.
+    fn per_token(&self, batch: &TrainBatch, model: &Transformer, head: impl Fn(&Tensor, &Tensor) -> Tensor) -> Result<Vec<Vec<f32>>> {
+        let mut out = vec![vec![]; batch.sequences.len()];
+        let all: Vec<usize> = (0..batch.sequences.len()).collect();
+        for piece in Objective::Policy(batch).plan(&all, &self.config) {
+            let mb = match &piece {
+                Piece::Rows(r) => MicroBatch::padded(batch, None, r, Targets::All, model.device()),
+                Piece::Units(u) => MicroBatch::packed(batch, None, u, Targets::All, model.device()),
+            };
+            let v = tch::no_grad(|| -> Result<Tensor> {
+                let h = mb.input.hidden_states(model)?.index_select(0, &mb.src);
+                Ok(head(&h, &mb.targets))
+            })?;
+            let flat = Vec::<f32>::try_from(v.to_device(tch::Device::Cpu).to_kind(Kind::Float).contiguous())?;
+            let mut at = 0;
+            for &i in &mb.order {
+                let n = batch.sequences[i].token_ids.len();
+                let mut row = vec![0.0f32; n];
+                row[1..].copy_from_slice(&flat[at..at + n - 1]);
+                at += n - 1;
+                out[i] = row;
             }
         }
         Ok(out)
@@ -488,6 +508,8 @@ impl Learner {
             optimizer_steps: steps,
             sequences: (sequences / epochs as f64).round() as usize,
             tokens: total.tokens as usize,
+            trained_tokens: total.masked as usize,
+            computed_tokens: total.computed as usize,
             tokens_per_s: total.tokens / seconds.max(1e-9),
             seconds,
             allreduce_seconds: self.comm_seconds,
@@ -508,12 +530,13 @@ impl Learner {
         let mut sums = Sums::new();
         let device = self.model.device();
         // The step's gradient is the same sum over its sequences whatever the grouping
-        // into rows and micro-batches (weights use the step's totals).
-        for rows in obj.plan(idx, self.config.micro_batch_size, self.config.pack_sft) {
-            let mb = obj.micro(&rows, self.config.pack_sft, device);
-            let loss = self.micro_loss(&mb, matches!(obj, Objective::Policy(_)), &totals, &mut sums)?;
-            loss.f_backward()?;
-            self.params.accumulate_grads();
+        // into micro-batches and layouts (weights use the step's totals).
+        for piece in obj.plan(idx, &self.config) {
+            let mb = obj.micro(&piece, device);
+            if let Some(loss) = self.micro_loss(&mb, matches!(obj, Objective::Policy(_)), &totals, &mut sums)? {
+                loss.f_backward()?;
+                self.params.accumulate_grads();
+            }
         }
         if let Some(dp) = &mut self.dp {
             let t = Instant::now();
@@ -567,64 +590,59 @@ impl Learner {
         Ok(())
     }
 
+    /// Log-probs, entropies and values at the micro-batch's targets `[K]`. The vocabulary
+    /// projection runs only where a loss reads it: with long shared prompts (tool schemas)
+    /// and short completions, that is most of the learner's time and memory.
     fn forward(&self, mb: &MicroBatch, entropy_grad: bool) -> Result<Forward> {
-        let batch = match &mb.packing {
-            Some(lengths) => Batch::packed(&mb.ids, lengths),
-            None => model_batch(&mb.ids, &mb.valid),
-        };
-        let h = self.model.hidden_states(&batch, None)?;
-        let (b, t, width) = h.size3()?;
-        let h = h.narrow(1, 0, t - 1);
-        // The vocabulary projection runs only where a loss reads it (the masked targets):
-        // with long shared prompts (tool schemas) and short completions, that is most of the
-        // learner's time and memory. Unmasked positions get log-prob and entropy 0.
-        let index = mb.mask.gt(0.0).reshape([-1]).nonzero().squeeze_dim(1);
-        let picked = h.reshape([-1, width]).index_select(0, &index);
+        let picked = mb.input.hidden_states(&self.model)?.index_select(0, &mb.src);
         let lp = picked.linear::<Tensor>(&self.lm_head, None).to_kind(Kind::Float).log_softmax(-1, Kind::Float);
-        let targets = mb.ids.narrow(1, 1, t - 1).reshape([-1]).index_select(0, &index).unsqueeze(-1);
-        let logp_sel = lp.gather(-1, &targets, false).squeeze_dim(-1);
-        let entropy_sel = if entropy_grad { loss::entropy(&lp) } else { tch::no_grad(|| loss::entropy(&lp)) };
-        let scatter = |x: &Tensor| {
-            Tensor::zeros([b * (t - 1)], (Kind::Float, h.device())).index_put(&[Some(index.shallow_clone())], x, false).view([b, t - 1])
-        };
-        let (logp, entropy) = (scatter(&logp_sel), scatter(&entropy_sel));
-        let values = self.value_head.as_ref().map(|v| v.forward(&h));
+        let logp = lp.gather(-1, &mb.targets.unsqueeze(-1), false).squeeze_dim(-1);
+        let entropy = if entropy_grad { loss::entropy(&lp) } else { tch::no_grad(|| loss::entropy(&lp)) };
+        let values = self.value_head.as_ref().map(|v| v.forward(&picked));
         Ok(Forward { logp, entropy, values })
     }
 
-    /// The micro-batch's share of the objective (`Σ w·l`), adding its statistics to `sums`.
+    /// The micro-batch's share of the objective (`Σ w·l`), adding its statistics to `sums`;
+    /// None when no token of it is under the loss mask (nothing to forward).
     #[allow(clippy::assign_op_pattern)] // `a = a + b` on tensors: `+=` would write in place into a tensor autograd or a view shares
-    fn micro_loss(&self, mb: &MicroBatch, policy: bool, totals: &BatchTotals, sums: &mut Sums) -> Result<Tensor> {
+    fn micro_loss(&self, mb: &MicroBatch, policy: bool, totals: &BatchTotals, sums: &mut Sums) -> Result<Option<Tensor>> {
         let cfg = &self.config;
-        let f = self.forward(mb, policy && cfg.entropy_coef != 0.0)?;
-        let m = &mb.mask;
-        let scalar = |t: &Tensor| t.double_value(&[]);
-        sums.masked += scalar(&m.sum(Kind::Float));
+        sums.masked += mb.targets_len as f64;
         sums.tokens += mb.tokens as f64;
-        sums.entropy += scalar(&(&f.entropy * m).sum(Kind::Float).detach());
+        sums.computed += mb.computed as f64;
+        if mb.targets_len == 0 {
+            return Ok(None);
+        }
+        let f = self.forward(mb, policy && cfg.entropy_coef != 0.0)?;
+        let scalar = |t: &Tensor| t.double_value(&[]);
+        sums.entropy += scalar(&f.entropy.sum(Kind::Float).detach());
         if !policy {
-            let w = loss::token_weights(m, Aggregation::Bnpo, totals);
+            let w = loss::target_weights(&mb.counts, Aggregation::Bnpo, totals);
             let total = (-&f.logp * w).sum(Kind::Float);
             let v = scalar(&total.detach());
             sums.loss += v;
             sums.policy += v;
-            return Ok(total);
+            return Ok(Some(total));
         }
-        let w = loss::token_weights(m, cfg.aggregation, totals);
-        let terms = loss::ppo_clip(&f.logp, mb.behaviour.as_ref().expect("policy batch"), mb.advantages.as_ref().expect("policy batch"), &cfg.clip);
+        let c = &mb.columns;
+        let w = loss::target_weights(&mb.counts, cfg.aggregation, totals);
+        let terms = loss::ppo_clip(&f.logp, c.behaviour.as_ref().expect("policy batch"), c.advantages.as_ref().expect("policy batch"), &cfg.clip);
         let pg = (&terms.loss * &w).sum(Kind::Float);
         sums.policy += scalar(&pg.detach());
         let mut total = pg;
         if let Some(kl) = cfg.kl {
-            let reference = match &mb.ref_logprobs {
+            let reference = match &c.ref_logprobs {
                 Some(r) => r.shallow_clone(),
                 None => {
                     let r = self.reference.as_ref().expect("checked in train_step");
-                    tch::no_grad(|| r.token_logprobs(&mb.ids, &mb.valid))?
+                    tch::no_grad(|| -> Result<Tensor> {
+                        let h = mb.input.hidden_states(r)?.index_select(0, &mb.src);
+                        Ok(r.output_logprobs(&h).gather(-1, &mb.targets.unsqueeze(-1), false).squeeze_dim(-1))
+                    })?
                 }
             };
             let k = loss::kl_penalty(&f.logp, &reference, kl.estimator);
-            sums.kl += scalar(&(&k * m).sum(Kind::Float).detach());
+            sums.kl += scalar(&k.sum(Kind::Float).detach());
             if kl.placement == KlPlacement::Loss && self.kl_coef != 0.0 {
                 total = total + (&k * &w).sum(Kind::Float) * self.kl_coef;
             }
@@ -633,26 +651,17 @@ impl Learner {
             total = total - (&f.entropy * &w).sum(Kind::Float) * cfg.entropy_coef;
         }
         if let (Some(vc), Some(pred)) = (cfg.value, &f.values) {
-            let (vl, _) = loss::clipped_value_loss(pred, mb.values.as_ref().expect("validated"), mb.returns.as_ref().expect("validated"), vc.clip);
+            let (vl, _) = loss::clipped_value_loss(pred, c.values.as_ref().expect("validated"), c.returns.as_ref().expect("validated"), vc.clip);
             let v = (&vl * &w).sum(Kind::Float);
             sums.value += scalar(&v.detach());
             total = total + v * vc.coef;
         }
         let ratio = terms.ratio.detach();
-        sums.ratio += scalar(&(&ratio * m).sum(Kind::Float));
-        sums.clipped += scalar(&(terms.clipped.to_kind(Kind::Float) * m).sum(Kind::Float));
-        let on_mask = ratio.masked_select(&m.gt(0.0));
-        if on_mask.numel() > 0 {
-            sums.ratio_min = sums.ratio_min.min(scalar(&on_mask.min()));
-            sums.ratio_max = sums.ratio_max.max(scalar(&on_mask.max()));
-        }
+        sums.ratio += scalar(&ratio.sum(Kind::Float));
+        sums.clipped += scalar(&terms.clipped.to_kind(Kind::Float).sum(Kind::Float));
+        sums.ratio_min = sums.ratio_min.min(scalar(&ratio.min()));
+        sums.ratio_max = sums.ratio_max.max(scalar(&ratio.max()));
         sums.loss += scalar(&total.detach());
-        Ok(total)
+        Ok(Some(total))
     }
-}
-
-/// The learner's batches are padded only at the end of each row ([`super::batch::Padder`]),
-/// so plain causal attention is exact for every position a loss or a caller reads.
-fn model_batch(ids: &Tensor, _valid: &Tensor) -> Batch {
-    Batch::right_padded(ids)
 }

@@ -4,6 +4,7 @@ use crate::error::{CliError, CliResult, UsageContext};
 use crate::repo::{models_dir, python, repo_root};
 use clap::{Args, Subcommand};
 use rlmesh_actors::learner::bench::{bench_learner_step, LearnerBench};
+use rlmesh_actors::learner::bench_groups::{bench_groups, GroupsWorkload};
 use rlmesh_comm::bench::{bench_allreduce, bench_weight_sync, BenchConfig, WorkerCommand};
 use rlmesh_model::{SamplingParams, Transformer};
 use serde_json::{json, Value};
@@ -23,7 +24,7 @@ pub struct BenchArgs {
 enum Bench {
     /// Decode throughput vs transformers `generate` (tiny model and SmolLM2-135M; batch 1, 8, 32).
     Generate(GenerateArgs),
-    /// Training tokens/s of one learner step vs the same step in PyTorch eager (tiny model and SmolLM2-135M).
+    /// Training tokens/s of one learner step vs the same step in PyTorch eager (tiny model and SmolLM2-135M); `--workload groups`: shared prefix, packed and padded layouts.
     Learner(LearnerArgs),
     /// CPU ring all-reduce bus bandwidth for 2–4 ranks vs the loopback copy bandwidth.
     Allreduce(AllreduceArgs),
@@ -87,6 +88,26 @@ struct LearnerArgs {
     /// Give the peer torch.optim.AdamW(fused=True) instead of its CPU default.
     #[arg(long)]
     peer_fused_adamw: bool,
+    /// `uniform`: --batch sequences of --seq-len tokens; `groups`: G rollouts per prompt with a
+    /// long shared prompt and long-tailed completions, in four layouts (shared prefix, packed,
+    /// padded, PyTorch eager padded as TRL pads).
+    #[arg(long, default_value = "uniform", value_parser = ["uniform", "groups"])]
+    workload: String,
+    /// `groups`: prompt groups per step.
+    #[arg(long, default_value_t = 4)]
+    groups: usize,
+    /// `groups`: rollouts per group (G).
+    #[arg(long, default_value_t = 8)]
+    group_size: usize,
+    /// `groups`: tokens of the shared prompt.
+    #[arg(long, default_value_t = 300)]
+    prompt_len: usize,
+    /// `groups`: shortest and longest completion, in tokens.
+    #[arg(long, value_delimiter = ',', default_values_t = vec![20, 200])]
+    completion: Vec<usize>,
+    /// `groups`: computed tokens per packed micro-batch.
+    #[arg(long, default_value_t = 4096)]
+    micro_batch_tokens: usize,
 }
 
 #[derive(Args)]
@@ -162,6 +183,21 @@ fn learner(l: LearnerArgs) -> CliResult {
     }
     let models = if l.models.is_empty() { vec!["tiny".to_string(), "smollm2".to_string()] } else { l.models.clone() };
     let python = std::env::var_os("RLMESH_PYTHON").map(PathBuf::from).unwrap_or_else(|| repo_root().join("scripts/py"));
+    let groups = (l.workload == "groups").then(|| GroupsWorkload {
+        groups: l.groups,
+        group_size: l.group_size,
+        prompt_len: l.prompt_len,
+        completion: (l.completion.first().copied().unwrap_or(20), l.completion.get(1).copied().unwrap_or(200)),
+        micro_batch_tokens: l.micro_batch_tokens,
+        ..Default::default()
+    });
+    if let Some(w) = &groups {
+        if w.groups == 0 || w.group_size == 0 || w.prompt_len == 0 || l.completion.len() != 2 || w.completion.0 < 2 || w.completion.0 > w.completion.1 || w.micro_batch_tokens < 2 {
+            return Err(CliError::usage(anyhow::anyhow!(
+                "--groups, --group-size, --prompt-len: at least 1; --completion: two lengths MIN,MAX with 2 <= MIN <= MAX; --micro-batch-tokens: at least 2"
+            )));
+        }
+    }
     let mut reports = vec![];
     for name in &models {
         let bench = LearnerBench {
@@ -179,9 +215,12 @@ fn learner(l: LearnerArgs) -> CliResult {
             rounds: l.rounds,
             peer_fused_adamw: l.peer_fused_adamw,
         };
-        reports.push(bench_learner_step(&bench)?);
+        match &groups {
+            Some(w) => reports.push(json!(bench_groups(&bench, w)?)),
+            None => reports.push(json!(bench_learner_step(&bench)?)),
+        }
     }
-    println!("{}", json!({ "bench": "learner", "reports": reports }));
+    println!("{}", json!({ "bench": "learner", "workload": l.workload, "reports": reports }));
     Ok(())
 }
 

@@ -1,0 +1,55 @@
+//! `[learner]`: how the learner lays out and computes its batches.
+//!
+//! ```toml
+//! [learner]
+//! pack = true                 # sequences end to end, no padding (default)
+//! shared_prefix = true        # a group's prompt forwarded once for its G rollouts (default)
+//! micro_batch_tokens = 4096   # computed tokens per packed micro-batch
+//! ```
+use super::checks::at_least;
+use super::source::Invalid;
+use serde::{Deserialize, Serialize};
+
+/// The learner's layout of its batches.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct LearnerSpec {
+    /// RL sequences packed end to end under a block-diagonal mask, micro-batches sized by
+    /// `micro_batch_tokens` (default true); false: one right-padded sequence per row, 16 rows
+    /// a micro-batch (the plain path).
+    #[serde(default = "yes")]
+    pub pack: bool,
+    /// With `pack`, each group's common prompt is forwarded once and its rollouts'
+    /// continuations attend to it (default true); the gradient is the same.
+    #[serde(default = "yes")]
+    pub shared_prefix: bool,
+    /// Computed tokens per packed micro-batch (default 4096): larger uses more
+    /// activation memory, smaller more passes over the weights.
+    #[serde(default = "default_micro_batch_tokens")]
+    pub micro_batch_tokens: usize,
+}
+
+fn yes() -> bool {
+    true
+}
+
+fn default_micro_batch_tokens() -> usize {
+    4096
+}
+
+impl Default for LearnerSpec {
+    fn default() -> Self {
+        LearnerSpec { pack: true, shared_prefix: true, micro_batch_tokens: default_micro_batch_tokens() }
+    }
+}
+
+impl LearnerSpec {
+    /// Checks ranges and combinations; the error names the offending field.
+    pub(super) fn validate(&self) -> Result<(), Invalid> {
+        at_least("learner.micro_batch_tokens", self.micro_batch_tokens as f64, 2.0)?;
+        if self.shared_prefix && !self.pack {
+            return Err(Invalid::new("learner.shared_prefix", "a shared prompt is laid out in packed batches: set pack = true, or shared_prefix = false"));
+        }
+        Ok(())
+    }
+}
