@@ -1,6 +1,8 @@
-//! The README and docs/ against the project's records: no page says that
-//! something has not run on a GPU when `docs/gpu-check.md`'s record says it
-//! passed there.
+//! The README and docs/ against the project's records and each other: the
+//! README stays within its line budget (it is for users; histories go to
+//! docs/), every relative link reaches a file and heading, and no page says
+//! that something has not run on a GPU when `docs/gpu-check.md`'s record says
+//! it passed there.
 mod common;
 
 use common::repo;
@@ -146,3 +148,83 @@ fn the_gpu_record_check_catches_a_denial_of_what_passed_and_lets_true_ones_be() 
     assert!(unsupported_denials(true_one, &record).is_empty());
 }
 
+/// The most lines README.md may have: it holds what rlmesh is, the set-up,
+/// how to run it, the commands, the metrics and the current figures; the
+/// histories behind the figures live in docs/.
+const README_LINES: usize = 250;
+
+#[test]
+fn the_readme_stays_within_its_line_budget() {
+    let n = read(&repo().join("README.md")).lines().count();
+    assert!(n <= README_LINES, "README.md has {n} lines, over its budget of {README_LINES}: move histories and details to docs/ and link them");
+}
+
+/// GitHub's anchor for a heading: lowercase, every character but letters,
+/// digits, `-`, `_` and spaces dropped, spaces as `-`.
+fn slug(heading: &str) -> String {
+    heading.trim_start_matches('#').trim().to_lowercase().chars().filter(|c| c.is_alphanumeric() || matches!(c, '-' | '_' | ' ')).map(|c| if c == ' ' { '-' } else { c }).collect()
+}
+
+/// The anchors of a page's headings (a repeated heading's get `-1`, `-2`, … as on GitHub).
+fn anchors(text: &str) -> Vec<String> {
+    let mut out: Vec<String> = vec![];
+    for line in prose(text).lines().filter(|l| l.starts_with('#')) {
+        let base = slug(line);
+        let n = out.iter().filter(|a| **a == base || a.strip_prefix(&format!("{base}-")).is_some_and(|k| k.parse::<u32>().is_ok())).count();
+        out.push(if n == 0 { base } else { format!("{base}-{n}") });
+    }
+    out
+}
+
+/// The targets of a page's `[text](target)` links and images that name no scheme.
+fn relative_links(text: &str) -> Vec<String> {
+    let prose = prose(text);
+    let mut out = vec![];
+    let mut rest = prose.as_str();
+    while let Some(at) = rest.find("](") {
+        rest = &rest[at + 2..];
+        let Some(end) = rest.find(')') else { break };
+        let target = rest[..end].trim();
+        if !target.contains("://") && !target.starts_with("mailto:") && !target.is_empty() {
+            out.push(target.to_string());
+        }
+        rest = &rest[end..];
+    }
+    out
+}
+
+#[test]
+fn every_relative_link_of_the_readme_and_docs_reaches_a_file_and_its_heading() {
+    let mut bad = vec![];
+    let mut checked = 0;
+    for page in pages() {
+        for target in relative_links(&read(&page)) {
+            checked += 1;
+            let (path, anchor) = target.split_once('#').map_or((target.as_str(), None), |(p, a)| (p, Some(a)));
+            let file = if path.is_empty() { page.clone() } else { page.parent().unwrap().join(path) };
+            let shown = page.strip_prefix(repo()).unwrap_or(&page).display().to_string();
+            if !file.exists() {
+                bad.push(format!("{shown}: ({target}): no file {}", file.display()));
+                continue;
+            }
+            if let Some(a) = anchor {
+                let have = anchors(&read(&file));
+                if !have.iter().any(|h| h == &a.to_lowercase()) {
+                    bad.push(format!("{shown}: ({target}): {} has no heading with the anchor #{a} (its anchors: {})", file.display(), have.join(", ")));
+                }
+            }
+        }
+    }
+    assert!(checked > 10, "only {checked} relative links found: is the link reader broken?");
+    assert!(bad.is_empty(), "links that lead nowhere:\n{}", bad.join("\n"));
+}
+
+#[test]
+fn anchors_and_links_are_read_as_github_makes_them() {
+    assert_eq!(slug("## The main job's accuracy: what limits the last points"), "the-main-jobs-accuracy-what-limits-the-last-points");
+    assert_eq!(slug("## `bench pipeline`: where `local-procs` lost (measured 2026-12-01)"), "bench-pipeline-where-local-procs-lost-measured-2026-12-01");
+    assert_eq!(slug("### What ractor_cluster got wrong, and what rlmesh does about it"), "what-ractor_cluster-got-wrong-and-what-rlmesh-does-about-it");
+    assert_eq!(anchors("# A\n## Notes\n```\n# not a heading\n```\n## Notes\n"), ["a", "notes", "notes-1"]);
+    let text = "See [the docs](docs/a.md#b), ![plot](figures/p.png) and [a site](https://example.org).\n```\n[in code](nowhere.md)\n```\n";
+    assert_eq!(relative_links(text), ["docs/a.md#b", "figures/p.png"]);
+}
