@@ -5,12 +5,11 @@
 //! the node `up` runs on, the others in file order. Each node's `host` becomes
 //! the address Slurm reaches it at (`scontrol show node`'s `NodeAddr`), so
 //! node names that do not resolve work, and the name is kept for `srun -w`.
-//! Every other process
-//! starts as a job step of its own (`mesh::slurm`), named after the run
-//! (`rlmesh-<hash of the run directory>`), so a new `up` first cancels steps
-//! an earlier one in the same allocation left behind, and a run inside
-//! someone else's allocation only ever stops its own steps. A run as a batch
-//! job of its own is [`super::submit`].
+//! Every other process starts as a job step of its own (`mesh::slurm`), named
+//! after the run (`rlmesh-<hash of the run directory>`), so a new `up` first
+//! cancels steps an earlier one in the same allocation left behind, and a run
+//! inside someone else's allocation only ever stops its own steps. A run as a
+//! batch job of its own is [`super::submit`].
 use crate::error::{CliError, CliResult, UsageContext};
 use rlmesh_actors::controller::plan::Plan;
 use rlmesh_actors::controller::topology::Topology;
