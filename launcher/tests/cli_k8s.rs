@@ -69,6 +69,31 @@ fn h100x32_manifests_place_every_process_in_a_pod_with_its_gpus_and_the_plans_en
     assert_eq!(again["processes"].as_array().unwrap().iter().map(|p| &p["env"]).collect::<Vec<_>>(), procs.iter().map(|p| &p["env"]).collect::<Vec<_>>());
 }
 
+/// `--image` takes what registries take (distribution/reference's grammar);
+/// anything else is refused with exit 2 before a manifest is written.
+#[test]
+fn a_malformed_image_reference_is_refused_and_writes_no_manifest() {
+    let tmp = tempfile::tempdir().unwrap();
+    let digest = format!("sha256:{}", "0123456789abcdef".repeat(4));
+    let k8s = |image: &str, out: &Path| launcher(&["k8s", "deploy/local-procs.toml", "--image", image, "--out", out.to_str().unwrap()]);
+    let long_tag = format!("rlmesh:{}", "t".repeat(129));
+    for bad in ["bad image name!", "Rlmesh:1", "registry.example/Team/rlmesh", "rlmesh:", "rlmesh:-rc1", "rlmesh@sha256:abc", "/rlmesh", "rlmesh//x", "rlmesh_:1", "", long_tag.as_str()] {
+        let out = tmp.path().join("bad");
+        let o = k8s(bad, &out);
+        assert_eq!(code(&o), 2, "{bad:?} was taken: {}", stderr(&o));
+        assert!(stderr(&o).contains("--image") && stderr(&o).contains("not a container image reference"), "{bad:?}: {}", stderr(&o));
+        assert!(!out.exists(), "{bad:?}: manifests written");
+    }
+    let with_digest = format!("ghcr.io/org/app@{digest}");
+    let tag_and_digest = format!("registry.example/rlmesh:1@{digest}");
+    for (i, good) in ["unused", "registry.example/rlmesh:1", "localhost:5000/team/rl-mesh_x__y.z:v1.2-RC_3", "Registry.Example:443/a/b/c", with_digest.as_str(), tag_and_digest.as_str()].iter().enumerate() {
+        let out = tmp.path().join(format!("good-{i}"));
+        let o = k8s(good, &out);
+        assert_eq!(code(&o), 0, "{good:?}: {}", stderr(&o));
+        assert!(std::fs::read_to_string(out.join("manifests.yaml")).unwrap().contains(&format!("\"image\": \"{good}\"")), "{good:?}");
+    }
+}
+
 /// Kills the pods' processes when dropped (a failing test leaves nothing).
 struct Pods(Vec<(String, Child)>);
 impl Drop for Pods {

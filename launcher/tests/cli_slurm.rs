@@ -1,11 +1,11 @@
 //! `launcher submit` and `launcher up --slurm` on a real Slurm: slurmds in
 //! network-namespace hosts (mesh::testing::slurm::TestSlurm), with fake GPUs
-//! as gres. Where the machine cannot run one (not root, no packages) each
-//! test prints SKIPPED and passes.
+//! as gres, and a cluster whose node names resolve nowhere. Where the machine
+//! cannot run one (not root, no packages) each test prints SKIPPED and passes.
 mod common;
 
 use common::*;
-use rlmesh_mesh::testing::slurm::TestSlurm;
+use rlmesh_mesh::testing::slurm::{NodeNames, TestSlurm};
 use serde_json::Value;
 use std::path::Path;
 use std::time::{Duration, Instant};
@@ -83,8 +83,10 @@ fn a_submitted_three_node_job_trains_every_group_once() {
     assert_eq!(status["slurm"]["job_id"], job.as_str());
     assert_eq!(status["slurm"]["submitted"], true);
     let procs = status["processes"].as_array().unwrap();
-    let placed: Vec<(&str, &str)> = procs.iter().map(|p| (p["name"].as_str().unwrap(), p["host"].as_str().unwrap())).collect();
-    assert_eq!(placed, [("a/main", "h0"), ("b/rollout-0", "h1"), ("c/rollout-1", "h2")]);
+    // Each process on its node's address (`NodeAddr`), which Slurm knows, not its name.
+    let placed: Vec<(&str, String)> = procs.iter().map(|p| (p["name"].as_str().unwrap(), p["host"].as_str().unwrap().to_string())).collect();
+    let at = |i: usize| cluster.hosts().address(i).to_string();
+    assert_eq!(placed, [("a/main", at(0)), ("b/rollout-0", at(1)), ("c/rollout-1", at(2))]);
     for p in &procs[1..] {
         assert!(p["slurm_step"].as_str().unwrap().starts_with(&format!("{job}.")), "{p}");
     }
@@ -169,23 +171,28 @@ fn h100x32_inside_a_four_node_allocation_maps_nodes_and_binds_gpus() {
     assert_eq!(with("rollout").len(), 16);
     assert_eq!(with("learner").len(), 16);
     assert_eq!(with("controller").len(), 1);
-    // Topology nodes onto the allocation's hosts, the controller's on the first.
+    // Topology nodes onto the allocation's hosts, the controller's on the first; each
+    // process at its node's address, its step on the node by name.
+    let addresses: Vec<String> = (0..4).map(|i| cluster.hosts().address(i).to_string()).collect();
     let mut hosts: Vec<&str> = procs.iter().map(|p| p["host"].as_str().unwrap()).collect();
     hosts.sort_unstable();
     hosts.dedup();
-    assert_eq!(hosts, ["h0", "h1", "h2", "h3"]);
-    assert_eq!(with("controller")[0]["host"], "h0");
+    let mut want = addresses.clone();
+    want.sort_unstable();
+    assert_eq!(hosts, want);
+    assert_eq!(with("controller")[0]["host"], addresses[0].as_str());
     for p in with("rollout").iter().chain(&with("learner")) {
         let cmd: Vec<&str> = p["command"].as_array().unwrap().iter().map(|w| w.as_str().unwrap()).collect();
         assert_eq!(cmd[0], "srun", "{cmd:?}");
-        assert!(cmd.contains(&"--gpus-per-node=1") && cmd.contains(&format!("--nodelist={}", p["host"].as_str().unwrap()).as_str()), "{cmd:?}");
+        let node = cluster.node(addresses.iter().position(|a| p["host"] == a.as_str()).unwrap());
+        assert!(cmd.contains(&"--gpus-per-node=1") && cmd.contains(&format!("--nodelist={node}").as_str()), "{cmd:?}");
         assert!(cmd.ends_with(&[bin, "node"]), "{cmd:?}");
         let cuda = p["env"]["CUDA_VISIBLE_DEVICES"].as_str().unwrap();
         assert!(cuda.len() == 1 && cuda.parse::<u32>().unwrap() < 8, "{p}");
     }
     // Per host, every GPU bound once.
-    for h in ["h0", "h1", "h2", "h3"] {
-        let mut g: Vec<&str> = procs.iter().filter(|p| p["host"] == h).filter_map(|p| p["env"]["CUDA_VISIBLE_DEVICES"].as_str()).filter(|c| !c.is_empty()).collect();
+    for h in &addresses {
+        let mut g: Vec<&str> = procs.iter().filter(|p| p["host"] == h.as_str()).filter_map(|p| p["env"]["CUDA_VISIBLE_DEVICES"].as_str()).filter(|c| !c.is_empty()).collect();
         g.sort_unstable();
         assert_eq!(g, ["0", "1", "2", "3", "4", "5", "6", "7"], "{h}");
     }
@@ -194,7 +201,7 @@ fn h100x32_inside_a_four_node_allocation_maps_nodes_and_binds_gpus() {
     // its first node is this machine, whose GPUs (gres entries) libtorch cannot see.
     let text = std::fs::read_to_string(&dry).unwrap();
     assert_eq!(text.lines().filter(|l| l.contains("srun ") && l.contains(" node")).count(), 34, "{text}");
-    assert!(text.contains("CUDA_VISIBLE_DEVICES=") && text.contains("RLMESH_CONTROLLER_ADDR=h0:"), "{text}");
+    assert!(text.contains("CUDA_VISIBLE_DEVICES=") && text.contains(&format!("RLMESH_CONTROLLER_ADDR={}:", addresses[0])), "{text}");
     assert!(text.contains("error: deploy/h100x32.toml: field \"rollout.placement[0]\": GPU 0 on this machine, but libtorch sees 0 CUDA device(s) here") && text.contains("exit=2"), "{text}");
 
     // An `salloc` shell on a host outside the allocation cannot be the controller's;
@@ -215,4 +222,47 @@ fn h100x32_inside_a_four_node_allocation_maps_nodes_and_binds_gpus() {
     assert!(stderr(&o).contains("is not one of the allocation's nodes (h0,h1,h2,h3)") && stderr(&o).contains("launcher submit"), "{}", stderr(&o));
     let o = up_here("deploy/local.toml");
     assert_eq!(code(&o), 0, "{}", stderr(&o));
+}
+
+/// A cluster whose node names resolve nowhere (`NodeName=n1 NodeAddr=<host's
+/// address>` …, as cloud and dynamic clusters have): every process listens and
+/// is dialled at the address Slurm knows for its node, and `srun -w` still
+/// takes the name. Before, `up` stopped at once ("the host \"n1\" does not
+/// resolve to an address to listen on").
+#[test]
+fn node_names_that_do_not_resolve_are_reached_at_their_node_addr() {
+    let Some(cluster) = TestSlurm::start_named_or_skip(3, 4, 0, NodeNames::Unresolvable) else { return };
+    let tmp = tempfile::tempdir().unwrap();
+    let (recipe, three_nodes) = files(tmp.path(), 4);
+    let run = tmp.path().join("run");
+    let job = submit(&cluster, &repo().join("deploy/local-procs.toml"), &recipe, &run);
+    let state = cluster.wait_job(&job, Duration::from_secs(600));
+    let output = slurm_output(&run, &job);
+    assert_eq!(state.as_deref(), Some("COMPLETED"), "job {job}: {state:?}\n{output}\n{}", cluster.logs());
+    let status: Value = serde_json::from_str(&std::fs::read_to_string(run.join("status.json")).unwrap()).unwrap();
+    let procs = status["processes"].as_array().unwrap();
+    assert_eq!(procs.len(), 6);
+    let n1 = cluster.hosts().address(0).to_string();
+    assert!(procs.iter().all(|p| p["host"] == n1.as_str()), "every process at n1's NodeAddr {n1}: {procs:?}");
+    assert!(output.contains("started local/rollout-0 on n1") && output.contains("Slurm step"), "{output}");
+    let summary: Value = serde_json::from_str(&std::fs::read_to_string(run.join("summary.json")).unwrap()).unwrap();
+    assert_eq!(summary["steps"], 4);
+    assert_trained_once(&run);
+    assert_nothing_left(&cluster);
+
+    // Three topology nodes on the three Slurm nodes: each at its own NodeAddr, its steps on it by name.
+    let plan_file = tmp.path().join("plan.json");
+    let wrap = format!("{} plan {} --json > {}", env!("CARGO_BIN_EXE_launcher"), three_nodes.display(), plan_file.display());
+    let o = cluster.command("sbatch").current_dir(repo()).args(["--wait", "-N", "3", "-o", tmp.path().join("plan.out").to_str().unwrap(), "--wrap", &wrap]).output().unwrap();
+    assert!(o.status.success(), "{}\n{}", stderr(&o), std::fs::read_to_string(tmp.path().join("plan.out")).unwrap_or_default());
+    let plan: Value = serde_json::from_str(&std::fs::read_to_string(&plan_file).unwrap()).unwrap();
+    for (i, p) in plan["processes"].as_array().unwrap().iter().enumerate() {
+        let address = cluster.hosts().address(i).to_string();
+        assert_eq!(p["host"], address.as_str(), "{p}");
+        assert!(p["env"]["RLMESH_CONTROLLER_ADDR"].as_str().unwrap().starts_with(&format!("{n1}:")), "{p}");
+        if i > 0 {
+            let cmd: Vec<&str> = p["command"].as_array().unwrap().iter().map(|w| w.as_str().unwrap()).collect();
+            assert!(cmd.contains(&format!("--nodelist={}", cluster.node(i)).as_str()), "{cmd:?}");
+        }
+    }
 }

@@ -20,8 +20,14 @@
 //!   process). Without it, a step inherits the job's `SLURM_GPUS_PER_NODE` and
 //!   asks for every GPU of the node.
 //!
+//! Processes listen and dial at each node's address as Slurm knows it
+//! (`NodeAddr`, [`Allocation::look_up_addresses`]), not at its name: a node
+//! name need not resolve (cloud, dynamic and test clusters), and several
+//! nodes may share one address. Only `srun -w` takes the name.
+//!
 //! The helpers here call the Slurm client commands (`scontrol`, `squeue`,
 //! `scancel`, `sbatch`); each error names the command and what it printed.
+use std::collections::BTreeMap;
 use std::process::{Command, Stdio};
 
 use serde::{Deserialize, Serialize};
@@ -69,6 +75,11 @@ pub struct Allocation {
     pub hosts: Vec<String>,
     /// The node this process runs on (`SLURMD_NODENAME`; in a batch script the first host).
     pub this_node: String,
+    /// Each host's address as Slurm knows it (`NodeAddr`), once
+    /// [`Allocation::look_up_addresses`] has asked; a host missing here is
+    /// reached by its name.
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub addresses: BTreeMap<String, String>,
 }
 
 impl Allocation {
@@ -84,13 +95,46 @@ impl Allocation {
         let list = var("SLURM_JOB_NODELIST").or_else(|_| var("SLURM_NODELIST"))?;
         let hosts = hostnames(&list)?;
         let this_node = var("SLURMD_NODENAME").unwrap_or_else(|_| hosts.first().cloned().unwrap_or_default());
-        Ok(Allocation { job_id, hosts, this_node })
+        Ok(Allocation { job_id, hosts, this_node, addresses: BTreeMap::new() })
+    }
+
+    /// Asks Slurm for every host's `NodeAddr` ([`node_addresses`]). A node's
+    /// name need not resolve (cloud, dynamic and test clusters give nodes an
+    /// address of their own), so processes listen and dial there.
+    pub fn look_up_addresses(&mut self) -> Result<()> {
+        self.addresses = node_addresses(&self.hosts)?;
+        Ok(())
+    }
+
+    /// Where node `node` is reached: its `NodeAddr`, else its name (resolved by name lookup).
+    pub fn address<'a>(&'a self, node: &'a str) -> &'a str {
+        self.addresses.get(node).map_or(node, String::as_str)
     }
 }
 
 /// `scontrol show hostnames LIST`: `h[1-3],g7` → `h1 h2 h3 g7`.
 pub fn hostnames(list: &str) -> Result<Vec<String>> {
     Ok(client("scontrol", &["show", "hostnames", list])?.split_whitespace().map(String::from).collect())
+}
+
+/// `scontrol show node -o NODES`: each node's `NodeAddr` (Slurm's default for
+/// it is the node's name). Nodes Slurm does not show are left out.
+pub fn node_addresses(nodes: &[String]) -> Result<BTreeMap<String, String>> {
+    if nodes.is_empty() {
+        return Ok(BTreeMap::new());
+    }
+    Ok(parse_node_addresses(&client("scontrol", &["show", "node", "-o", &nodes.join(",")])?))
+}
+
+/// Node name → `NodeAddr` from `scontrol show node -o` output: one line per
+/// node, `Key=Value` words (some values, `OS=` and `Reason=`, hold spaces).
+pub fn parse_node_addresses(text: &str) -> BTreeMap<String, String> {
+    text.lines()
+        .filter_map(|line| {
+            let field = |key: &str| line.split_whitespace().find_map(|w| w.strip_prefix(key)).filter(|v| !v.is_empty() && *v != "(null)");
+            Some((field("NodeName=")?.to_string(), field("NodeAddr=")?.to_string()))
+        })
+        .collect()
 }
 
 /// The steps of job `job_id` now: `(step id, step name)`, e.g. `("12.3", "rlmesh-ab12")`.
@@ -185,5 +229,26 @@ mod tests {
             assert!(a.iter().any(|x| x == want), "{want} missing from {a:?}");
         }
         assert_eq!(a.last().map(String::as_str), Some("--"));
+    }
+
+    #[test]
+    fn node_addresses_come_from_each_line_of_scontrol_show_node() {
+        // Slurm 22.05's `scontrol show node -o n1,n2,n3`, shortened; n3 has no NodeAddr of its own.
+        let text = "NodeName=n1 Arch=x86_64 CoresPerSocket=4 CPUAlloc=0 CPUTot=4 NodeAddr=10.77.0.11 NodeHostName=n1 Version=22.05.8 OS=Linux 6.1.0-18-amd64 #1 SMP PREEMPT_DYNAMIC Debian 6.1.76-1 (2024-02-01) RealMemory=1000 State=IDLE Partitions=debug\n\
+                    NodeName=n2 Arch=x86_64 NodeAddr=10.77.0.12 NodeHostName=n2 State=DOWN+NOT_RESPONDING Reason=Not responding [slurm@2024-05-01T10:00:00] \n\
+                    NodeName=n3 Arch=x86_64 NodeAddr=n3 NodeHostName=n3 State=IDLE\n\
+                    \n";
+        let a = parse_node_addresses(text);
+        assert_eq!(a, BTreeMap::from([("n1".to_string(), "10.77.0.11".to_string()), ("n2".into(), "10.77.0.12".into()), ("n3".into(), "n3".into())]));
+        assert!(parse_node_addresses("Node n9 not found\n").is_empty());
+        assert!(parse_node_addresses("NodeName=n4 NodeAddr= State=FUTURE\n").is_empty());
+    }
+
+    #[test]
+    fn a_node_is_reached_at_its_address_or_else_by_its_name() {
+        let mut a = Allocation { job_id: "7".into(), hosts: vec!["n1".into(), "n2".into()], this_node: "n1".into(), addresses: BTreeMap::new() };
+        assert_eq!(a.address("n1"), "n1");
+        a.addresses.insert("n1".into(), "127.0.0.1".into());
+        assert_eq!((a.address("n1"), a.address("n2")), ("127.0.0.1", "n2"));
     }
 }

@@ -81,17 +81,25 @@ pub struct SlurmSteps {
     pub step_name: String,
     /// The job was made by `launcher submit` for this run alone.
     pub submitted: bool,
+    /// The Slurm node of each topology node (`srun -w`): a process's `host` is
+    /// the node's address, which several nodes may share.
+    pub nodes: BTreeMap<String, String>,
+}
+
+impl SlurmSteps {
+    /// The step that runs process `p`: one task on its Slurm node, with its own GPUs.
+    pub fn srun(&self, p: &Planned) -> SrunConfig {
+        let gpus = p.actors.iter().filter(|a| matches!(a.device, crate::controller::topology::Device::Gpu(_))).count() as u32;
+        let node = self.nodes.get(&p.node).unwrap_or(&p.host).clone();
+        SrunConfig { program: "srun".into(), job_id: self.job_id.clone(), node, step_name: self.step_name.clone(), gpus, extra: vec![] }
+    }
 }
 
 impl FleetSpec {
     /// How process `p` is started: a Slurm step on its node, or a child / ssh by its host.
     pub fn launcher(&self, p: &Planned) -> Launcher {
         match &self.slurm {
-            Some(s) => {
-                let gpus = p.actors.iter().filter(|a| matches!(a.device, crate::controller::topology::Device::Gpu(_))).count() as u32;
-                let srun = SrunConfig { program: "srun".into(), job_id: s.job_id.clone(), node: p.host.clone(), step_name: s.step_name.clone(), gpus, extra: vec![] };
-                Launcher::new(Host::Slurm { srun })
-            }
+            Some(s) => Launcher::new(Host::Slurm { srun: s.srun(p) }),
             None => Launcher::for_host(&p.host, self.ssh.clone()),
         }
     }

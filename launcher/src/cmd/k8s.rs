@@ -39,7 +39,7 @@ pub struct K8sArgs {
     /// Topology file (deploy/*.toml).
     deploy: PathBuf,
     /// The container image: rlmesh built, with its models (`launcher` on PATH).
-    #[arg(long)]
+    #[arg(long, value_parser = image_reference)]
     image: String,
     /// Recipe file, as a path inside the image (relative to --workdir).
     #[arg(long, default_value = "configs/calculator-process.toml")]
@@ -70,6 +70,19 @@ pub struct K8sArgs {
     /// Write manifests.yaml, plan.json and topology.toml into this directory instead of printing the manifests.
     #[arg(long)]
     out: Option<PathBuf>,
+}
+
+/// `--image`: a reference registries take, by the grammar of container tools
+/// (distribution/reference, as `oci-spec` parses it):
+/// `[HOST[:PORT]/]NAME[:TAG][@ALGORITHM:HEX]`.
+fn image_reference(s: &str) -> Result<String, String> {
+    oci_spec::distribution::Reference::try_from(s).map(|_| s.to_string()).map_err(|e| {
+        format!(
+            "not a container image reference ({e}): expected [HOST[:PORT]/]NAME[:TAG][@ALGORITHM:HEX], \
+             NAME's parts lowercase letters and digits joined by '.', '_', '__' or '-', TAG up to 128 of \
+             letters, digits, '_', '.' and '-' not starting with '.' or '-', e.g. registry.example/rlmesh:1"
+        )
+    })
 }
 
 /// A process's kind: its name without the node and a trailing `-<index>` (`n0/rollout-3` → `rollout`).

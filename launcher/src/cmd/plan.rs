@@ -26,15 +26,15 @@ pub fn run(a: PlanArgs) -> CliResult {
     // Inside a Slurm allocation, the nodes are the allocation's hosts.
     let topology = if a.device.is_some() { topology.on_cpu() } else { topology };
     let alloc = crate::cmd::slurm::allocation(false, &topology)?;
-    let topology = match &alloc {
+    let (topology, slurm_nodes) = match &alloc {
         Some(al) => crate::cmd::slurm::map_topology(&a.deploy, &topology, al)?,
-        None => topology,
+        None => (topology, Default::default()),
     };
     let mut plan = plan(&topology);
     let program = std::env::current_exe().unwrap_or_else(|_| PathBuf::from("launcher"));
     let up = vec!["up".to_string(), a.deploy.display().to_string()];
     match &alloc {
-        Some(al) => crate::cmd::slurm::fill_commands(&mut plan, &crate::cmd::slurm::steps(al, &a.run_dir), &program, &up),
+        Some(al) => crate::cmd::slurm::fill_commands(&mut plan, &crate::cmd::slurm::steps(al, &a.run_dir, slurm_nodes), &program, &up),
         None => crate::cmd::up::fill_commands(&mut plan, &topology, &program, &up),
     }
     if a.json {

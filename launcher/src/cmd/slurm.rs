@@ -2,17 +2,20 @@
 //!
 //! With `--slurm`, or `SLURM_JOB_ID` set, the topology's nodes map onto the
 //! allocation's hosts (`scontrol show hostnames`): the controller's node onto
-//! the node `up` runs on, the others in file order. Every other process
-//! starts as a job step of its own (`mesh::slurm`), named after the run
-//! (`rlmesh-<hash of the run directory>`), so a new `up` first cancels steps
-//! an earlier one in the same allocation left behind, and a run inside
-//! someone else's allocation only ever stops its own steps. A run as a batch
-//! job of its own is [`super::submit`].
+//! the node `up` runs on, the others in file order. Each node's `host` becomes
+//! the address Slurm reaches it at (`scontrol show node`'s `NodeAddr`), so
+//! node names that do not resolve work, and the name is kept for `srun -w`.
+//! Every other process starts as a job step of its own (`mesh::slurm`), named
+//! after the run (`rlmesh-<hash of the run directory>`), so a new `up` first
+//! cancels steps an earlier one in the same allocation left behind, and a run
+//! inside someone else's allocation only ever stops its own steps. A run as a
+//! batch job of its own is [`super::submit`].
 use crate::error::{CliError, CliResult, UsageContext};
 use rlmesh_actors::controller::plan::Plan;
-use rlmesh_actors::controller::topology::{Device, Topology};
+use rlmesh_actors::controller::topology::Topology;
 use rlmesh_actors::node::fleet::SlurmSteps;
 use rlmesh_mesh::slurm::{self, Allocation};
+use std::collections::BTreeMap;
 use std::hash::{Hash, Hasher};
 use std::path::Path;
 
@@ -30,11 +33,16 @@ pub fn step_name(run_dir: &Path) -> String {
 /// The allocation `up`/`plan` run in: with `--slurm` (an error outside one),
 /// or whenever `SLURM_JOB_ID` is set and the topology has more than one
 /// process (a one-process run needs no steps, wherever it runs).
+/// Where Slurm cannot say a node's address, the node is reached by its name.
 pub fn allocation(asked: bool, topology: &Topology) -> CliResult<Option<Allocation>> {
     if !asked && (!Allocation::inside() || rlmesh_actors::controller::plan::plan(topology).processes.len() < 2) {
         return Ok(None);
     }
-    Allocation::from_env().map(Some).map_err(CliError::usage)
+    let mut alloc = Allocation::from_env().map_err(CliError::usage)?;
+    if let Err(e) = alloc.look_up_addresses() {
+        eprintln!("Slurm job {}: the nodes' addresses are unknown ({e}); reaching each node by its name", alloc.job_id);
+    }
+    Ok(Some(alloc))
 }
 
 /// `up` runs the controller, so it must run on a node of the allocation
@@ -53,14 +61,22 @@ pub fn check_on_a_node(alloc: &Allocation) -> CliResult {
     )))
 }
 
-/// The topology on the allocation's hosts (see [`Topology::on_hosts`]).
-pub fn map_topology(deploy: &Path, topology: &Topology, alloc: &Allocation) -> CliResult<Topology> {
-    topology.on_hosts(&alloc.hosts, &alloc.this_node).map_err(|e| CliError::usage(anyhow::anyhow!("{}: Slurm job {}: {e}", deploy.display(), alloc.job_id)))
+/// The topology on the allocation's nodes (see [`Topology::on_hosts`]), each
+/// node's `host` the address Slurm reaches it at ([`Allocation::address`]),
+/// and the Slurm node of each topology node.
+pub fn map_topology(deploy: &Path, topology: &Topology, alloc: &Allocation) -> CliResult<(Topology, BTreeMap<String, String>)> {
+    let mut t = topology.on_hosts(&alloc.hosts, &alloc.this_node).map_err(|e| CliError::usage(anyhow::anyhow!("{}: Slurm job {}: {e}", deploy.display(), alloc.job_id)))?;
+    let mut nodes = BTreeMap::new();
+    for n in &mut t.nodes {
+        let address = alloc.address(&n.host).to_string();
+        nodes.insert(n.name.clone(), std::mem::replace(&mut n.host, address));
+    }
+    Ok((t, nodes))
 }
 
-/// How the processes start in this allocation.
-pub fn steps(alloc: &Allocation, run_dir: &Path) -> SlurmSteps {
-    SlurmSteps { job_id: alloc.job_id.clone(), step_name: step_name(run_dir), submitted: std::env::var(SUBMITTED_ENV).is_ok_and(|v| v == "1") }
+/// How the processes start in this allocation, on the Slurm nodes `nodes` ([`map_topology`]'s).
+pub fn steps(alloc: &Allocation, run_dir: &Path, nodes: BTreeMap<String, String>) -> SlurmSteps {
+    SlurmSteps { job_id: alloc.job_id.clone(), step_name: step_name(run_dir), submitted: std::env::var(SUBMITTED_ENV).is_ok_and(|v| v == "1"), nodes }
 }
 
 /// Cancels the steps an earlier `up` of this run left in the job.
@@ -79,8 +95,6 @@ pub fn fill_commands(plan: &mut Plan, s: &SlurmSteps, program: &Path, up_argv: &
             p.command = std::iter::once(program).chain(up_argv.iter().cloned()).collect();
             continue;
         }
-        let gpus = p.actors.iter().filter(|a| matches!(a.device, Device::Gpu(_))).count() as u32;
-        let srun = slurm::SrunConfig { program: "srun".into(), job_id: s.job_id.clone(), node: p.host.clone(), step_name: s.step_name.clone(), gpus, extra: vec![] };
-        p.command = srun.command_line(&[&program, "node"]);
+        p.command = s.srun(p).command_line(&[&program, "node"]);
     }
 }

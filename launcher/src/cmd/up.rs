@@ -112,9 +112,9 @@ pub fn up(a: UpArgs) -> CliResult {
     if let Some(al) = &alloc {
         slurm::check_on_a_node(al)?;
     }
-    let topology = match &alloc {
+    let (topology, slurm_nodes) = match &alloc {
         Some(al) => slurm::map_topology(&a.deploy, &topology, al)?,
-        None => topology,
+        None => (topology, Default::default()),
     };
     let mut placement = plan(&topology);
     let chaos = a.chaos.as_deref().map(|s| Chaos::parse(s, recipe.seed)).transpose().map_err(|e| CliError::usage(anyhow::anyhow!(e)))?;
@@ -140,7 +140,7 @@ pub fn up(a: UpArgs) -> CliResult {
     check_run_dir(&run_dir, &recipe, a.resume)?;
     std::net::TcpListener::bind(&metrics_addr).usage(format!("/metrics on {metrics_addr} (--metrics-addr, or {}: ports.metrics)", a.deploy.display()))?;
     let program = std::env::current_exe().unwrap_or_else(|_| PathBuf::from("launcher"));
-    let steps = alloc.as_ref().map(|al| slurm::steps(al, &run_dir));
+    let steps = alloc.as_ref().map(|al| slurm::steps(al, &run_dir, slurm_nodes));
     if a.dry_run {
         let argv: Vec<String> = std::env::args().skip(1).filter(|w| w != "--dry-run").collect();
         match &steps {

@@ -14,6 +14,11 @@
 //!   hostname), so job steps on `hI` run with `hI`'s address and name. Not
 //!   `ip netns exec`: it remounts `/sys`, and slurmd 22.05 then dies ("No
 //!   filesystem mounted on /sys/fs/cgroup").
+//! - **Or names that resolve nowhere** ([`NodeNames::Unresolvable`]): node
+//!   `nI` (from 1) runs on host `I-1`, Slurm reaches it at that host's address
+//!   (`NodeAddr`), its hostname is `nI`, and its `/etc/hosts` is this
+//!   machine's, which knows no node name: as on cloud and dynamic clusters,
+//!   where only Slurm knows the names.
 //! - **Fake GPUs.** `gpus` per node as gres, backed by character devices
 //!   (`mknod … c 1 3`) in the fixture's directory: `--gpus-per-node=2` then sets
 //!   `CUDA_VISIBLE_DEVICES=0,1`, and asking for more than there are is refused.
@@ -37,10 +42,21 @@ use std::time::{Duration, Instant};
 /// How long the daemons may take to answer.
 const READY: Duration = Duration::from_secs(30);
 
+/// How the nodes of a [`TestSlurm`] are named.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum NodeNames {
+    /// Node `hI` is host `hI`, and every node's `/etc/hosts` resolves the hosts' names.
+    Hosts,
+    /// Node `nI` (from 1) is host `I-1`, and no node name resolves on any node.
+    Unresolvable,
+}
+
 /// A Slurm cluster of [`TestHosts`] nodes; torn down on drop.
 #[derive(Debug)]
 pub struct TestSlurm {
     dir: PathBuf,
+    names: NodeNames,
+    nodes: Vec<String>,
     conf: PathBuf,
     munged: Option<Child>,
     slurmctld: Option<Child>,
@@ -88,7 +104,12 @@ impl TestSlurm {
 
     /// [`TestSlurm::start`], or `None` after printing `SKIPPED: <reason>`.
     pub fn start_or_skip(nodes: usize, cpus: u32, gpus: u32) -> Option<TestSlurm> {
-        match TestSlurm::start(nodes, cpus, gpus) {
+        Self::start_named_or_skip(nodes, cpus, gpus, NodeNames::Hosts)
+    }
+
+    /// [`TestSlurm::start_named`], or `None` after printing `SKIPPED: <reason>`.
+    pub fn start_named_or_skip(nodes: usize, cpus: u32, gpus: u32, names: NodeNames) -> Option<TestSlurm> {
+        match TestSlurm::start_named(nodes, cpus, gpus, names) {
             Ok(s) => Some(s),
             Err(TestHostsError::Unavailable(why)) => {
                 println!("SKIPPED: {why}");
@@ -101,12 +122,23 @@ impl TestSlurm {
     /// A cluster of `nodes` hosts `h0 …`, each claiming `cpus` CPUs and `gpus` fake GPUs,
     /// every node idle when it returns.
     pub fn start(nodes: usize, cpus: u32, gpus: u32) -> Result<TestSlurm, TestHostsError> {
+        Self::start_named(nodes, cpus, gpus, NodeNames::Hosts)
+    }
+
+    /// [`TestSlurm::start`] with the nodes named as `names` says.
+    pub fn start_named(nodes: usize, cpus: u32, gpus: u32, names: NodeNames) -> Result<TestSlurm, TestHostsError> {
         Self::available()?;
         let t0 = Instant::now();
         remove_stale();
         let hosts = TestHosts::start(nodes)?;
         let dir = hosts.dir().join("slurm");
-        let mut me = TestSlurm { conf: dir.join("etc/slurm.conf"), dir, munged: None, slurmctld: None, slurmds: vec![], gpus, setup_time: Duration::ZERO, hosts };
+        let node_names = (0..nodes)
+            .map(|i| match names {
+                NodeNames::Hosts => hosts.name(i).to_string(),
+                NodeNames::Unresolvable => format!("n{}", i + 1),
+            })
+            .collect();
+        let mut me = TestSlurm { conf: dir.join("etc/slurm.conf"), dir, names, nodes: node_names, munged: None, slurmctld: None, slurmds: vec![], gpus, setup_time: Duration::ZERO, hosts };
         me.build(cpus)?;
         me.setup_time = t0.elapsed();
         Ok(me)
@@ -201,9 +233,9 @@ impl TestSlurm {
             socket = socket.display(),
             d = d.display(),
         );
-        for (i, a) in addrs.iter().enumerate() {
+        for (name, a) in self.nodes.iter().zip(&addrs) {
             conf.push_str(&format!(
-                "NodeName=h{i} NodeAddr={a} CPUs={cpus} Boards=1 SocketsPerBoard=1 CoresPerSocket={cpus} ThreadsPerCore=1 RealMemory=1000{gres} State=UNKNOWN\n"
+                "NodeName={name} NodeAddr={a} CPUs={cpus} Boards=1 SocketsPerBoard=1 CoresPerSocket={cpus} ThreadsPerCore=1 RealMemory=1000{gres} State=UNKNOWN\n"
             ));
         }
         conf.push_str("PartitionName=debug Nodes=ALL Default=YES MaxTime=INFINITE State=UP\n");
@@ -226,17 +258,22 @@ impl TestSlurm {
         let conf_path = self.conf.clone();
         self.wait_for("slurmctld", || client(&conf_path, "scontrol", &["ping"]).is_some_and(|o| o.contains("UP")), &d.join("log/slurmctld.log"))?;
 
-        // One slurmd per host, inside its namespace.
+        // One slurmd per host, inside its namespace; with resolvable names, the host's /etc/hosts over this machine's.
         for i in 0..n {
-            fs::create_dir_all(d.join(format!("spool/h{i}"))).map_err(|e| setup_err("mkdir spool", e.to_string()))?;
+            let node = self.nodes[i].clone();
+            fs::create_dir_all(d.join(format!("spool/{node}"))).map_err(|e| setup_err("mkdir spool", e.to_string()))?;
             let ns = self.hosts.namespace(i).to_string();
+            let hosts_file = match self.names {
+                NodeNames::Hosts => "mount --bind \"$0\" /etc/hosts && ",
+                NodeNames::Unresolvable => "",
+            };
             let c = Command::new("nsenter")
                 .arg(format!("--net=/run/netns/{ns}"))
                 .args(["--", "unshare", "--mount", "--uts", "--", "sh", "-c"])
                 // A /dev/shm of its own, as a real host has: job steps here cannot map another host's segments.
-                .arg("mount --bind \"$0\" /etc/hosts && mount -t tmpfs -o mode=1777 rlmesh-test-shm /dev/shm && hostname \"$1\" && exec \"$2\" -D -f \"$3\"")
+                .arg(format!("{hosts_file}mount -t tmpfs -o mode=1777 rlmesh-test-shm /dev/shm && hostname \"$1\" && exec \"$2\" -D -f \"$3\""))
                 .arg(format!("/etc/netns/{ns}/hosts"))
-                .arg(format!("h{i}"))
+                .arg(&node)
                 .arg(sbin("slurmd").expect("checked"))
                 .arg(&self.conf)
                 .stdin(Stdio::null())
@@ -250,8 +287,17 @@ impl TestSlurm {
         self.wait_for(
             "every slurmd",
             || client(&conf_path, "sinfo", &["-h", "-t", "idle", "-o", "%D"]).is_some_and(|o| o.trim() == want),
-            &d.join("log/slurmd-h0.log"),
+            &d.join(format!("log/slurmd-{}.log", self.nodes[0])),
         )?;
+        if self.names == NodeNames::Unresolvable {
+            // What a job step on the node would find: no name lookup of a node's name succeeds there.
+            for i in 0..n {
+                let out = Command::new("nsenter").arg(format!("--net=/run/netns/{}", self.hosts.namespace(i))).args(["--", "getent", "hosts"]).args(&self.nodes).output().ok();
+                if let Some(o) = out.filter(|o| !o.stdout.is_empty()) {
+                    return Err(setup_err("unresolvable node names", format!("on {}, `getent hosts` finds {}", self.nodes[i], String::from_utf8_lossy(&o.stdout).trim())));
+                }
+            }
+        }
         Ok(())
     }
 
@@ -274,9 +320,14 @@ impl TestSlurm {
         Ok(())
     }
 
-    /// The hosts the nodes run on (node `hI` is host `I`).
+    /// The hosts the nodes run on (node `i` is host `i`).
     pub fn hosts(&self) -> &TestHosts {
         &self.hosts
+    }
+
+    /// Node `i`'s name, as Slurm knows it (`hI`, or `n(I+1)` with [`NodeNames::Unresolvable`]).
+    pub fn node(&self, i: usize) -> &str {
+        &self.nodes[i]
     }
 
     /// The cluster's `slurm.conf`: clients need `SLURM_CONF` set to it.
