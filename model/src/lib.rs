@@ -16,7 +16,8 @@
 //!   decode steps run in [`fused`], its output projection in [`packed`], and
 //!   greedy picks in [`kernels`]; [`isa`] says which vector extensions those use.
 //! - [`tokenizer`] wraps `tokenizer.json` and renders the model's chat template
-//!   with minijinja exactly as transformers' `apply_chat_template` does.
+//!   with minijinja exactly as transformers' `apply_chat_template` does;
+//!   [`template`] checks that a template can carry a tool-calling rollout.
 #![warn(missing_docs)]
 
 pub mod cache;
@@ -31,6 +32,7 @@ pub mod layout;
 mod mkl;
 pub mod packed;
 pub mod score;
+pub mod template;
 pub mod tokenizer;
 pub mod transformer;
 

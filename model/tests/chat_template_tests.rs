@@ -68,3 +68,30 @@ fn smollm2_own_template_matches_transformers() {
     reqs.push(json!({"messages": [{"role": "system", "content": "sys & <x>"}, {"role": "user", "content": "héllo"}, {"role": "assistant", "content": "hi"}], "add_generation_prompt": false}));
     check(&smollm2(), &reqs);
 }
+
+/// A template fit for tool rollouts passes the check; SmolLM2's own (no tools), one that
+/// drops earlier turns' content, and one without an end-of-turn token are refused with the reason.
+#[test]
+fn tool_templates_are_checked_before_a_run() {
+    use rlmesh_model::template::{check_tool_template, TemplateProblem};
+    let smol = smollm2();
+    let mut tok = rlmesh_model::Tokenizer::load(&smol).unwrap();
+    match check_tool_template(&tok) {
+        Err(TemplateProblem::NoTools(name)) => assert_eq!(name, "rlmesh_probe_lookup"),
+        other => panic!("SmolLM2's own template renders no tools: {other:?}"),
+    }
+    let qwen = std::fs::read_to_string(repo().join("model/templates/qwen2.5-tools.jinja")).unwrap();
+    tok.set_chat_template(qwen.clone());
+    check_tool_template(&tok).unwrap();
+    // Earlier assistant turns shown without their tool calls once a later turn exists.
+    let rewriting = qwen.replace("{%- for tool_call in message.tool_calls %}", "{%- for tool_call in (message.tool_calls if loop.last else []) %}");
+    assert_ne!(rewriting, qwen);
+    tok.set_chat_template(rewriting);
+    let e = check_tool_template(&tok).unwrap_err();
+    assert!(matches!(e, TemplateProblem::NotPrefix { added: "a tool result", .. }), "{e}");
+    assert!(e.to_string().contains("not prefix-preserving"), "{e}");
+    // Assistant turns that end without the model's stop token.
+    tok.set_chat_template(qwen.replace("{{- '<|im_end|>\\n' }}\n    {%- elif message.role == \"tool\" %}", "{{- '\\n' }}\n    {%- elif message.role == \"tool\" %}"));
+    let e = check_tool_template(&tok).unwrap_err();
+    assert!(matches!(e, TemplateProblem::NoEndOfTurn(_)), "{e}");
+}
