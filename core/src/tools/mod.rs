@@ -1,4 +1,5 @@
-//! Tools: schemas, the calculator, stateful environments, execution, and the `<tool_call>` parser.
+//! Tools: schemas, the calculator, stateful environments, execution, and the tool-call parsers
+//! (`<tool_call>` blocks and the other families' [`formats`]).
 //!
 //! A rollout drives tools through a [`ToolSession`] opened on its task by the
 //! run's [`ToolRegistry`]:
@@ -22,6 +23,7 @@
 pub mod calculator;
 pub mod environment;
 pub mod execute;
+pub mod formats;
 pub mod inventory;
 pub mod parse;
 pub mod registry;
@@ -30,6 +32,7 @@ pub mod tool;
 
 pub use environment::{Environment, Method};
 pub use execute::ExecLimits;
+pub use formats::ToolFormat;
 pub use parse::{parse_turn, ParsedCall, ParsedTurn};
 pub use registry::{RegistryError, ToolRegistry, ToolSession};
 pub use schema::{SchemaType, ToolArgs};

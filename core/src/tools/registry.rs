@@ -15,7 +15,8 @@
 //! ```
 use super::environment::{bind, Bound, Environment, Method};
 use super::execute::{execute_calls, run_limited, ExecLimits};
-use super::parse::{parse_turn, ParsedCall, ParsedTurn};
+use super::formats::ToolFormat;
+use super::parse::{ParsedCall, ParsedTurn};
 use super::tool::{Tool, ToolSpec};
 use super::{calculator, inventory};
 use crate::task::Task;
@@ -89,6 +90,7 @@ struct EnvEntry {
 /// The tools and environments of a run, with the execution limits.
 pub struct ToolRegistry {
     limits: ExecLimits,
+    format: ToolFormat,
     tools: Vec<Tool>,
     environments: Vec<EnvEntry>,
 }
@@ -96,7 +98,18 @@ pub struct ToolRegistry {
 impl ToolRegistry {
     /// An empty registry.
     pub fn new(limits: ExecLimits) -> Self {
-        ToolRegistry { limits, tools: Vec::new(), environments: Vec::new() }
+        ToolRegistry { limits, format: ToolFormat::default(), tools: Vec::new(), environments: Vec::new() }
+    }
+
+    /// The same registry, parsing calls in `format` (default: hermes).
+    pub fn with_format(mut self, format: ToolFormat) -> Self {
+        self.format = format;
+        self
+    }
+
+    /// How the model writes its calls.
+    pub fn format(&self) -> ToolFormat {
+        self.format
     }
 
     /// A registry of built-in tools and environments named in config
@@ -196,6 +209,7 @@ impl ToolRegistry {
         let mut session = ToolSession {
             tools: self.tools.clone(),
             limits: self.limits,
+            format: self.format,
             seen: HashSet::new(),
             observation: None,
             reward: None,
@@ -221,6 +235,7 @@ impl ToolRegistry {
 pub struct ToolSession {
     tools: Vec<Tool>,
     limits: ExecLimits,
+    format: ToolFormat,
     seen: HashSet<(String, String)>,
     observation: Option<String>,
     reward: Option<Arc<dyn Fn() -> Option<f64> + Send + Sync>>,
@@ -239,9 +254,9 @@ impl ToolSession {
     pub fn schemas(&self) -> Vec<Value> {
         self.tools.iter().map(|t| t.spec.json_schema()).collect()
     }
-    /// Parses one assistant turn against this rollout's tools.
+    /// Parses one assistant turn, in the registry's tool-call format, against this rollout's tools.
     pub fn parse(&self, text: &str) -> ParsedTurn {
-        parse_turn(text, &self.tools)
+        self.format.parse(text, &self.tools)
     }
     /// Executes the calls of assistant turn `turn` in order: one [`Step`] per
     /// call; each step's `result` is the content of its tool message.
