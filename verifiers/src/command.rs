@@ -150,12 +150,12 @@ impl CommandVerifier {
                 let id = st.next_id;
                 let line = request_line(id, req);
                 let (reply, rx) = mpsc::channel();
-                let generation = match &st.stdin {
-                    Some(w) if w.send(line.clone()).is_ok() => Some(st.generation),
-                    _ => {
-                        st.backlog.push((id, line));
-                        None
-                    }
+                let sent = st.stdin.as_ref().is_some_and(|w| w.send(line.clone()).is_ok());
+                let generation = if sent {
+                    Some(st.generation)
+                } else {
+                    st.backlog.push((id, line));
+                    None
                 };
                 st.pending.insert(id, Pending { generation, sent: Instant::now(), reply });
                 waits.push(Ok((id, rx)));
@@ -426,6 +426,7 @@ fn supervise(sh: &Arc<Shared>, started: mpsc::Sender<Result<(), String>>) {
                             let _ = running.child.wait();
                             thread::sleep(Duration::from_millis(50)); // let stderr drain
                             let why = format!("it ended at once ({status}); {}", running.stderr_tail());
+                            detach(sh);
                             running.stop(None);
                             let _ = tx.send(Err(why));
                             return;
@@ -436,9 +437,9 @@ fn supervise(sh: &Arc<Shared>, started: mpsc::Sender<Result<(), String>>) {
                 }
                 let (why, crashed) = watch(sh, &mut running);
                 let Some(why) = why else {
+                    detach(sh);
                     running.stop(Some(Duration::from_millis(300)));
                     let mut st = sh.lock();
-                    (st.stdin, st.pid) = (None, None);
                     fail_where(&mut st, &sh.counts.lost, "the verifier was shut down", |_| true);
                     return;
                 };
@@ -449,9 +450,9 @@ fn supervise(sh: &Arc<Shared>, started: mpsc::Sender<Result<(), String>>) {
                 } else {
                     why
                 };
+                detach(sh);
                 running.stop(None);
                 let mut st = sh.lock();
-                (st.stdin, st.pid) = (None, None);
                 let reason = format!("the verifier process {why}");
                 fail_where(&mut st, &sh.counts.lost, &reason, |p| p.generation == Some(generation));
                 reason
@@ -479,6 +480,12 @@ fn supervise(sh: &Arc<Shared>, started: mpsc::Sender<Result<(), String>>) {
         drop(st);
         Counters::add(&sh.counts.restarts);
     }
+}
+
+/// Forgets the running process's stdin (so its writer thread can end) and pid.
+fn detach(sh: &Shared) {
+    let mut st = sh.lock();
+    (st.stdin, st.pid) = (None, None);
 }
 
 /// Waits until the process ends (`(reason, true)`), a hang is reported

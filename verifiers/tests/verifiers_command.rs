@@ -6,7 +6,6 @@ mod common;
 use common::*;
 use rlmesh_verifiers::{Request, Score, Verifier, VerifierError, VerifierSpec};
 use serde_json::json;
-use std::io::{BufRead, BufReader};
 use std::process::{Command, Stdio};
 use std::time::Duration;
 
@@ -251,7 +250,8 @@ fn drop_kills_the_whole_process_group() {
 fn helper_holds_a_verifier_until_killed() {
     let Ok(path) = std::env::var("RLMESH_VERIFIER_HELPER_SCRIPT") else { return };
     let v = Verifier::start(VerifierSpec::command("held", [python(), path])).unwrap();
-    println!("verifier-pid {}", pid(&v));
+    let out = std::env::var("RLMESH_VERIFIER_HELPER_PIDFILE").unwrap();
+    std::fs::write(out, pid(&v).to_string()).unwrap();
     std::thread::sleep(Duration::from_secs(60));
 }
 
@@ -259,19 +259,20 @@ fn helper_holds_a_verifier_until_killed() {
 fn a_verifier_dies_with_the_process_that_started_it() {
     let dir = tempfile::tempdir().unwrap();
     let path = script(dir.path(), "held.py", GOOD);
+    let pidfile = dir.path().join("verifier.pid");
     let mut helper = Command::new(std::env::current_exe().unwrap())
-        .args(["helper_holds_a_verifier_until_killed", "--exact", "--nocapture", "--test-threads=1"])
+        .args(["helper_holds_a_verifier_until_killed", "--exact", "--test-threads=1"])
         .env("RLMESH_VERIFIER_HELPER_SCRIPT", &path)
-        .stdout(Stdio::piped())
+        .env("RLMESH_VERIFIER_HELPER_PIDFILE", &pidfile)
+        .stdout(Stdio::null())
         .stderr(Stdio::null())
         .spawn()
         .unwrap();
     let mut verifier = None;
-    for line in BufReader::new(helper.stdout.take().unwrap()).lines() {
-        if let Some(p) = line.unwrap().strip_prefix("verifier-pid ") {
-            verifier = Some(p.trim().parse::<u32>().unwrap());
-            break;
-        }
+    let deadline = std::time::Instant::now() + Duration::from_secs(20);
+    while verifier.is_none() && std::time::Instant::now() < deadline {
+        verifier = std::fs::read_to_string(&pidfile).ok().and_then(|t| t.trim().parse::<u32>().ok());
+        std::thread::sleep(Duration::from_millis(20));
     }
     let verifier = verifier.expect("the helper reports its verifier's pid");
     assert!(alive(verifier));
