@@ -7,7 +7,7 @@
 //! let registry = ToolRegistry::from_names(&["calculator"], ExecLimits::default()).unwrap();
 //! let task = Task { id: "t".into(), prompt: "Use the calculator to compute 17 * 24.".into(), requires_tool: true,
 //!     allowed_tools: vec!["calculator".into()], gold_tool_calls: vec![], expected_answer: Some("408".into()),
-//!     environment: None, env_state: None };
+//!     environment: None, env_state: None, ..Default::default() };
 //! let mut session = registry.session(&task).unwrap();
 //! let turn = session.parse("<tool_call>\n{\"name\": \"calculator\", \"arguments\": {\"operation\": \"multiply\", \"a\": 17, \"b\": 24}}\n</tool_call>");
 //! let steps = session.execute(0, &turn.calls);
