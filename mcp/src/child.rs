@@ -33,11 +33,15 @@ pub(crate) struct Spawned {
     pub(crate) stdout: ChildStdout,
 }
 
-/// Starts `argv` as described by `spec` (env, cwd), in its own process group,
+/// Starts `argv` as described by `spec` (this process's environment without
+/// the run's cookie, plus `spec.env`; `spec.cwd`), in its own process group,
 /// killed when this process dies. Must run inside the crate's runtime.
 pub(crate) fn spawn(spec: &ServerSpec, argv: &[String]) -> io::Result<Spawned> {
     let mut cmd = Command::new(&argv[0]);
     cmd.args(&argv[1..]).envs(&spec.env).stdin(Stdio::piped()).stdout(Stdio::piped()).stderr(Stdio::piped());
+    // The run's cookie (mesh::cookie's variables) is no business of a tool
+    // server, whose tools the model drives (server-everything's `get-env` prints the environment).
+    cmd.env_remove("RLMESH_COOKIE").env_remove("RLMESH_COOKIE_FILE");
     cmd.kill_on_drop(true).process_group(0);
     if let Some(dir) = &spec.cwd {
         cmd.current_dir(dir);

@@ -95,6 +95,20 @@ impl McpError {
     pub fn is_fatal(&self) -> bool {
         matches!(self, McpError::BudgetExhausted { .. })
     }
+
+    /// The text a model sees in its tool message: what happened to its call,
+    /// without the server's stderr (that is for the operator, in the error itself).
+    pub fn for_model(&self) -> String {
+        match self {
+            McpError::Call { reason, .. } => reason.clone(),
+            McpError::Died { server, tool, reason, .. } => {
+                format!("tool server \"{server}\" failed during \"{tool}\" ({reason}); it is being restarted")
+            }
+            McpError::Start { server, reason, .. } => format!("tool server \"{server}\" could not be restarted: {reason}"),
+            McpError::BudgetExhausted { server, .. } => format!("tool server \"{server}\" is unavailable"),
+            other => other.to_string(),
+        }
+    }
 }
 
 fn stderr_tail(stderr: &str) -> String {

@@ -37,6 +37,30 @@
 //! threads; calls go to this crate's own tokio runtime and the calling thread
 //! waits, so no tokio worker is ever blocked.
 //!
+//! ```no_run
+//! use rlmesh_core::tools::{ExecLimits, ToolRegistry};
+//! use rlmesh_mcp::{register, ServerSpec, SessionMode};
+//! # fn main() -> Result<(), Box<dyn std::error::Error>> {
+//! # let task: rlmesh_core::Task = serde_json::from_str(r#"{"requires_tool": true, "env_state": {"start": 1}}"#)?;
+//! let files = ServerSpec {
+//!     session: SessionMode::PerRollout,
+//!     reset_tool: Some("reset".into()),
+//!     reward_tool: Some("get_reward".into()),
+//!     prestart: 8, // the group size: rollouts open without waiting for a process
+//!     ..ServerSpec::stdio("files", ["python3", "tools.py"])
+//! };
+//! let mut registry = ToolRegistry::from_names(&["calculator"], ExecLimits::default())?;
+//! let _servers = register(&mut registry, &[files])?; // refused here: exit 2 with the error
+//! let mut session = registry.session(&task)?; // a fresh server, reset with task.env_state
+//! let turn = session.parse("<tool_call>\n{\"name\": \"increment\", \"arguments\": {}}\n</tool_call>");
+//! let steps = session.execute(0, &turn.calls);
+//! for (source, grade) in session.grades() {
+//!     // ("files", Ok(Some(1.0))): reward function "env:files"; Err: the rollout is unscorable
+//! }
+//! registry.health()?; // Err once a server is past its restart budget: stop at a checkpoint
+//! # Ok(()) }
+//! ```
+//!
 //! - [`spec`]: the server description, validated field by field.
 //! - [`server`]: a started server, its sessions, restarts, and [`register`].
 //! - [`error`]: [`McpError`], naming the server (and quoting its stderr).

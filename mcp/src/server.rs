@@ -239,8 +239,7 @@ impl McpSession {
     fn tools(&self) -> Vec<Tool> {
         let to_call_error = |e: McpError| match e {
             McpError::TimedOut { tool, ms, .. } => CallError::TimedOut { tool, ms },
-            McpError::Call { reason, .. } => CallError::Tool(ToolError(reason)),
-            other => CallError::Tool(ToolError(other.to_string())),
+            other => CallError::Tool(ToolError(other.for_model())),
         };
         self.inner
             .tools

@@ -38,8 +38,15 @@ fn mcp_server_time_from_pypi() {
 #[test]
 fn server_everything_from_npm() {
     let entry = require!(everything());
+    // The run's cookie stays out of a tool server's environment; the spec's env goes in.
+    std::env::set_var("RLMESH_COOKIE", "0123456789abcdef");
+    let mut spec = ServerSpec::stdio("everything", ["node", entry.as_str(), "stdio"]);
+    spec.env.insert("TOOLS_MODE".into(), "test".into());
     let mut registry = ToolRegistry::new(LIMITS);
-    let servers = register(&mut registry, &[ServerSpec::stdio("everything", ["node", entry.as_str(), "stdio"])]).unwrap();
+    let servers = register(&mut registry, &[spec]).unwrap();
+    let (ok, env) = run(&registry, "get-env", json!({}));
+    assert!(ok && env.contains("\"TOOLS_MODE\": \"test\"") && env.contains("\"PATH\""), "{env}");
+    assert!(!env.contains("RLMESH_COOKIE") && !env.contains("0123456789abcdef"), "{env}");
     let tools = servers[0].tools();
     let links = tools.iter().find(|t| t.name == "get-resource-links").unwrap();
     assert_eq!(links.parameters["properties"]["count"]["default"], 3, "its schemas carry defaults");
