@@ -91,6 +91,49 @@ pub struct ExpertExample {
     pub messages: Vec<Message>,
 }
 
+/// Why a conversation cannot be laid out for training.
+#[derive(Debug, thiserror::Error)]
+pub enum ConversationError {
+    /// Rendering or tokenising failed.
+    #[error("{0}")]
+    Text(ModelError),
+    /// A rendering of the conversation so far is not a prefix of the next one.
+    #[error("the chat template is not prefix-preserving")]
+    NotPrefixPreserving,
+}
+
+/// A conversation's tokens for supervised training, and its loss mask: 1 on
+/// what each assistant message renders to (its end-of-turn token included),
+/// 0 on everything else (system, user and tool turns, template glue, the
+/// generation prompts). The text is rendered by the chat template at each
+/// assistant turn, and each new piece is tokenised alone and appended, as a
+/// rollout appends its turns: no token is ever re-tokenised across a turn's
+/// boundary, so what is trained is what the policy would have produced.
+pub fn training_tokens(tokenizer: &Tokenizer, conv: &[Message], tools: Option<&[Value]>) -> Result<(Vec<u32>, Vec<u8>), ConversationError> {
+    let values = |msgs: &[Message]| -> Vec<Value> { msgs.iter().map(|m| serde_json::to_value(m).expect("message serialises")).collect() };
+    let (mut text, mut ids, mut mask) = (String::new(), Vec::new(), Vec::new());
+    let mut push = |piece: &str, m: u8, text: &mut String| -> Result<(), ConversationError> {
+        let piece_ids = tokenizer.encode(piece).map_err(ConversationError::Text)?;
+        mask.extend(std::iter::repeat_n(m, piece_ids.len()));
+        ids.extend(piece_ids);
+        text.push_str(piece);
+        Ok(())
+    };
+    for i in (0..conv.len()).filter(|&i| conv[i].role == "assistant") {
+        // Everything up to this turn's generation prompt: not trained.
+        let before = tokenizer.render(&values(&conv[..i]), tools, true).map_err(ConversationError::Text)?;
+        let glue = before.strip_prefix(text.as_str()).ok_or(ConversationError::NotPrefixPreserving)?.to_string();
+        push(&glue, 0, &mut text)?;
+        // The assistant's own text, up to and including its end token (not the newline after it).
+        let full = tokenizer.render(&values(&conv[..=i]), tools, false).map_err(ConversationError::Text)?;
+        let body = full.strip_prefix(text.as_str()).ok_or(ConversationError::NotPrefixPreserving)?;
+        let glue_start = body.rfind('\n').filter(|&j| j + 1 == body.len()).unwrap_or(body.len());
+        let own = body[..glue_start].to_string();
+        push(&own, 1, &mut text)?;
+    }
+    Ok((ids, mask))
+}
+
 /// Errors while building warm-up data.
 #[derive(Debug, thiserror::Error)]
 pub enum WarmupError {
@@ -150,9 +193,6 @@ pub fn expert_example(
     let prompt_len_msgs = conv.len();
     let schemas = session.schemas();
     let tools = (!schemas.is_empty()).then_some(schemas.as_slice());
-    let values = |msgs: &[Message]| -> Vec<Value> { msgs.iter().map(|m| serde_json::to_value(m).expect("message serialises")).collect() };
-    let (mut text, mut ids) = tokenizer.render_ids(&values(&conv), tools, true).map_err(text_err)?;
-    let mut mask = vec![0u8; ids.len()];
 
     // The calls of each assistant turn under the strategy.
     let gold: Vec<Vec<(String, Value)>> =
@@ -177,30 +217,6 @@ pub fn expert_example(
         Strategy::ToolOnNoToolTask => vec![vec![("calculator".to_string(), json!({"operation": "add", "a": 2, "b": 3}))]],
     };
     let mut last_result: Option<String> = None;
-    let append = |conv: &mut Vec<Message>, msg: Message, text: &mut String, ids: &mut Vec<u32>, mask: &mut Vec<u8>, gen_prompt_after: bool, calls_follow: Option<Vec<Message>>| -> Result<(), WarmupError> {
-        // The assistant's own text: what the template renders for this message, up to and including its end token.
-        conv.push(msg);
-        let full = tokenizer.render(&values(conv), tools, false).map_err(text_err)?;
-        let body = full.strip_prefix(text.as_str()).ok_or_else(|| task_err("the chat template is not prefix-preserving".into()))?;
-        let glue_start = body.rfind('\n').filter(|&i| i + 1 == body.len()).unwrap_or(body.len());
-        let (own, _) = body.split_at(glue_start);
-        let own_ids = tokenizer.encode(own).map_err(text_err)?;
-        ids.extend(&own_ids);
-        mask.extend(std::iter::repeat_n(1u8, own_ids.len()));
-        text.push_str(own);
-        if let Some(tool_msgs) = calls_follow {
-            conv.extend(tool_msgs);
-        }
-        if gen_prompt_after {
-            let next = tokenizer.render(&values(conv), tools, true).map_err(text_err)?;
-            let suffix = next.strip_prefix(text.as_str()).ok_or_else(|| task_err("the chat template is not prefix-preserving".into()))?.to_string();
-            let suffix_ids = tokenizer.encode(&suffix).map_err(text_err)?;
-            ids.extend(&suffix_ids);
-            mask.extend(std::iter::repeat_n(0u8, suffix_ids.len()));
-            text.push_str(&suffix);
-        }
-        Ok(())
-    };
     for (turn, calls) in turns.iter().enumerate() {
         let parsed: Vec<rlmesh_core::tools::ParsedCall> = calls
             .iter()
@@ -210,11 +226,14 @@ pub fn expert_example(
         last_result = steps.last().map(|s| s.result.clone());
         let mut msg = Message::assistant("");
         msg.tool_calls = Some(calls.iter().map(|(n, a)| ToolCallMsg::new(n.clone(), a.clone())).collect());
-        let tool_msgs: Vec<Message> = steps.iter().map(|s| Message::tool(s.name.clone(), s.result.clone())).collect();
-        append(&mut conv, msg, &mut text, &mut ids, &mut mask, true, Some(tool_msgs))?;
+        conv.push(msg);
+        conv.extend(steps.iter().map(|s| Message::tool(s.name.clone(), s.result.clone())));
     }
     let answer = if strategy == Strategy::ToolOnNoToolTask { answer_text(task, None) } else { answer_text(task, last_result.as_deref()) };
-    append(&mut conv, Message::assistant(answer), &mut text, &mut ids, &mut mask, false, None)?;
-    // The end-of-turn token closes the answer; it is part of what the model writes.
+    conv.push(Message::assistant(answer));
+    let (ids, mask) = training_tokens(tokenizer, &conv, tools).map_err(|e| match e {
+        ConversationError::Text(source) => text_err(source),
+        ConversationError::NotPrefixPreserving => task_err("the chat template is not prefix-preserving".into()),
+    })?;
     Ok(ExpertExample { strategy, token_ids: ids, loss_mask: mask, messages: conv.split_off(prompt_len_msgs) })
 }

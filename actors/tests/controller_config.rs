@@ -286,9 +286,9 @@ fn recipes_differ_only_in_the_reward() {
     assert!(process.tiny_model());
     assert_eq!(process.estimator.name, EstimatorKind::Grpo);
     assert_eq!(process.mode(), Mode::OneStepOff);
-    assert!(process.tasks.held_out >= 100);
+    assert!(process.tasks.held_out_count() >= 100);
     let (train, held_out) = process.tasks().unwrap();
-    assert_eq!((train.len(), held_out.len()), (process.tasks.size, process.tasks.held_out));
+    assert_eq!((train.len(), held_out.len()), (process.tasks.size(), process.tasks.held_out_count()));
     let train_prompts: HashSet<&str> = train.iter().map(|t| t.prompt.as_str()).collect();
     assert!(held_out.iter().all(|t| !train_prompts.contains(t.prompt.as_str())), "held-out tasks are never trained on");
     assert!(held_out.iter().any(|t| t.requires_tool) && held_out.iter().any(|t| !t.requires_tool));
@@ -314,7 +314,7 @@ fn recipe_defaults_fill_everything_but_the_reward_and_task_count() {
     assert_eq!(r.name, "mini");
     assert_eq!(r.tools, ["calculator"]);
     assert_eq!(r.model.path, "tiny");
-    assert_eq!((r.tasks.held_out, r.tasks.tool_fraction), (200, 0.5));
+    assert_eq!((r.tasks.held_out_count(), r.tasks.tool_fraction), (200, 0.5));
     assert_eq!((r.rl.group_size, r.rl.groups_per_step, r.rl.max_turns), (8, 8, 4));
     assert_eq!(r.mode(), Mode::OneStepOff);
     assert_eq!(r.sft.steps, 0);

@@ -79,6 +79,7 @@ fn trajectory(result: &str, answer: &str) -> rlmesh_core::Trajectory {
         completion: String::new(),
         final_answer: answer.into(),
         stop_reason: rlmesh_core::StopReason::Answered,
+        grades: Vec::new(),
     }
 }
 
@@ -92,7 +93,7 @@ fn a_reward_scorer_with_the_model_judge_scores_segments_and_counts_its_cost() {
     }))
     .unwrap();
     let group = rlmesh_core::Group { group_id: 1, task, trajectories: vec![trajectory("408", "The answer is 408."), trajectory("408", "No idea.")] };
-    let model = Scorer::new(&RewardSpec { kind: RewardKind::Hierr, judge: JudgeSpec::Model { dir: smollm2() } }).unwrap();
+    let model = Scorer::new(&RewardSpec::rubric(RewardKind::Hierr, JudgeSpec::Model { dir: smollm2() })).unwrap();
     let scored = model.score(group.clone());
     // Both replies have a tool response and at least 10 characters except "No idea." (8): one judge call.
     assert_eq!(scored.judge.calls, 1, "{:?}", scored.judge);
@@ -104,9 +105,9 @@ fn a_reward_scorer_with_the_model_judge_scores_segments_and_counts_its_cost() {
     }
     assert_eq!(scored.scores[1].segments.summary, 0.0);
     // The rule rubric on the same group: 5 → 1.0 for the stated, concise, grounded reply.
-    let rule = Scorer::new(&RewardSpec { kind: RewardKind::Hierr, judge: JudgeSpec::Rule }).unwrap().score(group);
+    let rule = Scorer::new(&RewardSpec::rubric(RewardKind::Hierr, JudgeSpec::Rule)).unwrap().score(group);
     assert_eq!(rule.scores[0].segments.summary, 1.0);
     assert_eq!(scored.scores[0].segments.process, rule.scores[0].segments.process);
-    let missing = Scorer::new(&RewardSpec { kind: RewardKind::Hierr, judge: JudgeSpec::Model { dir: "/nonexistent".into() } }).err().unwrap();
+    let missing = Scorer::new(&RewardSpec::rubric(RewardKind::Hierr, JudgeSpec::Model { dir: "/nonexistent".into() })).err().unwrap();
     assert!(missing.contains("/nonexistent"), "{missing}");
 }

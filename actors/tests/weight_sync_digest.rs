@@ -62,6 +62,7 @@ fn a_rollout_actor_refuses_and_counts_a_corrupted_version() {
     let args = RolloutArgs {
         model_dir: dir,
         tools: vec!["calculator".into()],
+        servers: vec![],
         limits: Default::default(),
         config: Default::default(),
         threads: 1,

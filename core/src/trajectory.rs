@@ -95,6 +95,10 @@ pub struct Trajectory {
     pub final_answer: String,
     /// Why generation stopped.
     pub stop_reason: StopReason,
+    /// The tool sources' own grades of the rollout, by source (reward
+    /// function `env:<source>`): a value, not applicable, or could not grade.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub grades: Vec<(String, crate::reward::functions::Score)>,
 }
 
 impl Trajectory {

@@ -134,6 +134,7 @@ mod tests {
             completion: "x".into(),
             final_answer: "".into(),
             stop_reason: StopReason::MaxTurns,
+            grades: Vec::new(),
         };
         Group { group_id: 3, task, trajectories: vec![traj] }
     }

@@ -43,6 +43,7 @@ fn traj(steps: Vec<Step>, answer: &str) -> Trajectory {
         completion: String::new(),
         final_answer: answer.into(),
         stop_reason: StopReason::Answered,
+        grades: Vec::new(),
     }
 }
 

@@ -53,6 +53,7 @@ fn traj(task: &Task, steps: Vec<Step>, answer: &str) -> Trajectory {
         completion: format!("… {answer}"),
         final_answer: answer.into(),
         stop_reason: StopReason::Answered,
+        grades: Vec::new(),
     }
 }
 

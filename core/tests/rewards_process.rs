@@ -140,6 +140,7 @@ fn trajectory_and_text_agree() {
         completion: String::new(),
         final_answer: "It is 408.0".into(),
         stop_reason: StopReason::Answered,
+        grades: Vec::new(),
     };
     let from_traj = process_reward(&calc_task(), &Transcript::from_trajectory(&traj));
     // "17 * 24" vs gold "17*24": strings differ after trimming → arguments 0: 0.10+0.20+0+0.20+0.30 = 0.8

@@ -84,6 +84,7 @@ fn trajectory(turns: Vec<TurnSpec>, format_errors: Vec<String>, stop: StopReason
         completion: String::new(),
         final_answer,
         stop_reason: stop,
+        grades: Vec::new(),
     }
 }
 

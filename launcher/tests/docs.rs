@@ -151,7 +151,7 @@ fn the_gpu_record_check_catches_a_denial_of_what_passed_and_lets_true_ones_be() 
 /// The most lines README.md may have: it holds what rlmesh is, the set-up,
 /// how to run it, the commands, the metrics and the current figures; the
 /// histories behind the figures live in docs/.
-const README_LINES: usize = 250;
+const README_LINES: usize = 275;
 
 #[test]
 fn the_readme_stays_within_its_line_budget() {

@@ -212,12 +212,13 @@ mod tests {
             completion: format!("The answer is {result}."),
             final_answer: format!("The answer is {result}."),
             stop_reason: StopReason::Answered,
+            grades: Vec::new(),
         }
     }
 
     /// The reward actor's own scores of a group whose rollouts call `add(2, b)` with these `b`.
     fn scored(bs: &[i64]) -> ScoredGroup {
-        let scorer = Scorer::new(&RewardSpec { kind: RewardKind::Process, judge: JudgeSpec::Rule }).unwrap();
+        let scorer = Scorer::new(&RewardSpec::rubric(RewardKind::Process, JudgeSpec::Rule)).unwrap();
         scorer.score(Group { group_id: 7, task: task(), trajectories: bs.iter().enumerate().map(|(i, &b)| rollout(i, b)).collect() })
     }
 

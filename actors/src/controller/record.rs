@@ -185,11 +185,26 @@ pub(super) fn step_record(metrics: &Metrics, recipe: &Recipe, s: &StepFacts<'_>)
         row[format!("reward/{name}")] = json!(sum / n);
         metrics.reward_component.with_label_values(&[name]).set(sum / n);
     }
-    let totals: Vec<f64> = admitted.iter().flat_map(|g| g.scores.iter().map(|s| s.total)).collect();
-    let function = format!("{:?}", recipe.reward).to_lowercase();
+    // Each reward function's mean and spread over the values it gave (TRL's per-function logs).
+    let mut by_function: Vec<(String, Vec<f64>)> = Vec::new();
+    for t in admitted.iter().flat_map(|g| &g.scores) {
+        for (name, v) in &t.functions {
+            let at = by_function.iter().position(|(n, _)| n == name).unwrap_or_else(|| {
+                by_function.push((name.clone(), Vec::new()));
+                by_function.len() - 1
+            });
+            by_function[at].1.push(v.unwrap_or(f64::NAN));
+        }
+    }
+    for (name, values) in &by_function {
+        let present: Vec<f64> = values.iter().copied().filter(|v| !v.is_nan()).collect();
+        let mean = present.iter().sum::<f64>() / present.len().max(1) as f64;
+        let mean = if present.is_empty() { f64::NAN } else { mean };
+        metrics.reward_mean.with_label_values(&[name]).set(mean);
+        metrics.reward_std.with_label_values(&[name]).set(rlmesh_core::reward::combine::nanstd(values));
+        row[format!("reward_function/{name}")] = json!(mean);
+    }
     let rate = |k: &str| f[k].as_f64().unwrap_or(0.0);
-    metrics.reward_mean.with_label_values(&[&function]).set(reward_mean);
-    metrics.reward_std.with_label_values(&[&function]).set(rlmesh_core::reward::combine::nanstd(&totals));
     metrics.trajectory_success.with_label_values(&["train"]).set(rate("trajectory_success"));
     metrics.final_answer_accuracy.with_label_values(&["train"]).set(rate("final_answer_accuracy"));
     metrics.tool_call_rate.with_label_values(&["train"]).set(rate("tool_call_rate"));

@@ -18,13 +18,18 @@ use crate::learner::StepStats;
 use crate::metrics::Metrics;
 use crate::node::fleet::Fleet;
 use crate::reward::ScoredGroup;
-use crate::rollout::actor::{Purpose, RolloutMsg, RolloutRequest, RolloutResult};
+use crate::rollout::actor::{Purpose, RolloutMsg, RolloutRequest, RolloutResult, TOOLS_GIVEN_UP};
 use rlmesh_core::Task;
 use serde_json::Value;
 use std::collections::{BTreeSet, VecDeque};
 use std::path::Path;
 use std::time::Instant;
 use tokio::task::JoinSet;
+
+/// Steps' worth of unscorable groups in a row after which the run stops at a
+/// checkpoint: a verifier or tool server that never scores would otherwise
+/// drop and replace groups for ever.
+pub const UNSCORABLE_STEPS: usize = 3;
 
 /// What the RL phase reads from the run around it.
 pub(super) struct RlContext<'a> {
@@ -81,6 +86,9 @@ pub(super) struct RlLoop<'a> {
     rl_first: u64,
     /// Uniform groups dropped since the last step (dynamic sampling), against its budget.
     uniform_dropped: usize,
+    /// Unscorable groups in a row, and the last one's reason: past
+    /// [`UNSCORABLE_STEPS`] steps' worth, scoring is broken and the run stops.
+    unscorable_run: (usize, String),
 }
 
 impl<'a> RlLoop<'a> {
@@ -117,6 +125,7 @@ impl<'a> RlLoop<'a> {
             rl_start: now,
             rl_first: start.step,
             uniform_dropped: 0,
+            unscorable_run: (0, String::new()),
             cx,
         })
     }
@@ -167,7 +176,18 @@ impl<'a> RlLoop<'a> {
                 self.inflight_ids.remove(id);
             }
             match result {
-                Ok(res) => self.receive(driver, res).await?,
+                Ok(res) => {
+                    self.receive(driver, res).await?;
+                    if self.unscorable_run.0 >= UNSCORABLE_STEPS * self.cx.recipe.rl.groups_per_step.max(1) {
+                        let why = format!("{} groups in a row were unscorable (the last: {})", self.unscorable_run.0, self.unscorable_run.1);
+                        return self.stop_because(driver, status, &why).await;
+                    }
+                }
+                Err(e) if e.contains(TOOLS_GIVEN_UP) => {
+                    // The servers' failures are counted; past the budget the run stops where it can resume.
+                    self.retry.extend(groups);
+                    return self.stop_because(driver, status, &e).await;
+                }
                 Err(e) => {
                     self.cx.progress.line(format!("rollout request lost ({e}); re-dispatching {} groups", groups.len()));
                     self.retry.extend(groups);
@@ -235,6 +255,15 @@ impl<'a> RlLoop<'a> {
         let now = Instant::now();
         for g in scored {
             self.ledger.scored(g.group.group_id)?;
+            if let Some(why) = &g.unscorable {
+                // Infrastructure failures never enter group statistics: dropped, counted, replaced.
+                self.cx.progress.line(format!("group {} dropped as unscorable: {why}", g.group.group_id));
+                self.ledger.dropped(g.group.group_id, "unscorable")?;
+                self.cx.metrics.groups_dropped_total.with_label_values(&["unscorable"]).inc();
+                self.unscorable_run = (self.unscorable_run.0 + 1, why.clone());
+                continue;
+            }
+            self.unscorable_run.0 = 0;
             if self.drops_uniform(&g)? {
                 self.ledger.dropped(g.group.group_id, "uniform")?;
                 self.cx.metrics.groups_dropped_total.with_label_values(&["uniform"]).inc();
@@ -334,6 +363,11 @@ impl<'a> RlLoop<'a> {
 
     /// SIGTERM: a checkpoint at this step boundary (unless one was just taken), then [`RunError::Stopped`].
     async fn stop(&mut self, driver: &Driver, status: &mut RunStatus) -> Result<(), RunError> {
+        self.stop_because(driver, status, "SIGTERM").await
+    }
+
+    /// Stops at this step boundary with a checkpoint, saying `cause` (SIGTERM, a given-up tool server).
+    async fn stop_because(&mut self, driver: &Driver, status: &mut RunStatus, cause: &str) -> Result<(), RunError> {
         let (dir, progress) = (self.cx.dir, self.cx.progress);
         let (step, steps) = (self.step, self.cx.steps);
         progress.finish_bar();
@@ -343,9 +377,9 @@ impl<'a> RlLoop<'a> {
         write_status(status, dir, "stopped", step, self.version, self.cx.fleet);
         let has_checkpoint = !crate::learner::list_checkpoints(&dir.join("checkpoints")).is_empty();
         let why = if has_checkpoint {
-            format!("SIGTERM: stopped at RL step {step}/{steps} after a checkpoint; `launcher up … --resume --run-dir {}` continues it", dir.display())
+            format!("{cause}: stopped at RL step {step}/{steps} after a checkpoint; `launcher up … --resume --run-dir {}` continues it", dir.display())
         } else {
-            format!("SIGTERM: stopped at RL step {step}/{steps}, before any checkpoint: start the run again")
+            format!("{cause}: stopped at RL step {step}/{steps}, before any checkpoint: start the run again")
         };
         progress.line(why.clone());
         Err(RunError::Stopped(why))

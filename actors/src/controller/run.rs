@@ -16,7 +16,7 @@ use super::progress::{stop_on_sigterm, Progress};
 use super::record::{self, figures};
 use super::resume::open_ledger;
 use super::rl_loop::{RlContext, RlLoop};
-use super::setup::{rl_learner_config, Opened, Policy, Roles};
+use super::setup::{rl_learner_config, Opened, Policy, Roles, UserWork};
 use super::warm_start::{self, WarmUp};
 use crate::learner::actor::LearnerMsg;
 use crate::metrics::Metrics;
@@ -77,15 +77,16 @@ async fn run_processes(opts: RunOptions, learner_loss: LearnerLoss) -> Result<Su
             return Ok(summary);
         }
     }
+    let work = UserWork::load(recipe, &progress)?;
     let mut run = Opened::open(&opts, learner_loss, &progress).await?;
-    let policy = Policy::load(&opts, &progress)?;
+    let policy = Policy::load(&opts, work, &progress)?;
     run.status_at(dir, "warmup", 0, 0);
 
     // The learner, warmed up with SFT.
     let sft_steps = if opts.resume || policy.reused { 0 } else { opts.sft_steps.unwrap_or(recipe.sft.steps) };
     let roles = Roles::of(recipe, &opts.tokenizer_dir, sft_steps);
     let (mut hosted, learner) = roles.start_learner(run.fleet.as_ref(), &policy, recipe, &run.metrics, &progress).await?;
-    let warm = WarmUp { learner: &learner, tokenizer: &policy.tokenizer, registry: &policy.registry, recipe, tasks: &policy.sft_tasks, steps: sft_steps };
+    let warm = WarmUp { learner: &learner, tokenizer: &policy.tokenizer, registry: &policy.registry, recipe, tasks: &policy.sft_tasks, file: &policy.sft_file, steps: sft_steps };
     if let Err(e) = warm.run(&progress, &run.metrics, &stopping).await {
         if matches!(e, RunError::Stopped(_)) {
             run.status_at(dir, "stopped", 0, 0);

@@ -14,7 +14,7 @@ use super::topology::Role;
 use super::supervisor::{RolloutSlots, RolloutSupervisor, SupervisorArgs};
 use super::warm_start;
 use crate::learner::actor::{LearnerActor, LearnerArgs, LearnerMsg};
-use crate::learner::{AdamWConfig, ClipParams, GaeConfig, KlCoef, KlConfig, KlEstimator, KlPlacement, LearnerConfig, LrSchedule, ValueConfig};
+use crate::learner::{SftSequence, AdamWConfig, ClipParams, GaeConfig, KlCoef, KlConfig, KlEstimator, KlPlacement, LearnerConfig, LrSchedule, ValueConfig};
 use crate::metrics::{serve, Metrics, MetricsServer};
 use crate::node::fleet::{Fleet, FleetSpec, Hosted, RoleSetup};
 use crate::node::link::{LearnerLoss, Say};
@@ -24,6 +24,7 @@ use crate::rollout::actor::RolloutArgs;
 use crate::rollout::RolloutConfig;
 use crate::weight_sync::WeightSync;
 use ractor::{Actor, ActorRef};
+use crate::rollout::tools::open_tools;
 use rlmesh_core::tools::{ExecLimits, ToolRegistry};
 use rlmesh_core::Task;
 use rlmesh_model::{SamplingParams, Tokenizer};
@@ -138,14 +139,50 @@ impl Opened {
     }
 }
 
+/// What the user brings, loaded and started before anything is created: a
+/// bad file or a tool server that does not start is refused (exit 2) with
+/// no run directory written.
+pub(super) struct UserWork {
+    limits: ExecLimits,
+    train: Vec<Task>,
+    held_out: Vec<Task>,
+    tools: crate::rollout::tools::Tools,
+    sft_conversations: Vec<rlmesh_core::dataset::Conversation>,
+}
+
+impl UserWork {
+    /// Loads the tasks and the warm-up's file, starts the tool servers and checks every task against the tools.
+    pub(super) fn load(recipe: &Recipe, progress: &Progress) -> Result<UserWork, RunError> {
+        let refused = |e: String| RunError::Refused(e);
+        let limits = recipe.tool_limits.exec();
+        let (train, held_out) = recipe.tasks().map_err(|e| refused(e.to_string()))?;
+        let sft_conversations = match (&recipe.sft.file, recipe.sft.steps) {
+            (Some(f), 1..) => rlmesh_core::dataset::load_sft_file(Path::new(f)).map_err(|e| refused(e.to_string()))?,
+            _ => vec![],
+        };
+        if !recipe.tool_servers.is_empty() {
+            progress.line(format!("tools: starting {} tool server(s)", recipe.tool_servers.len()));
+        }
+        let tools = open_tools(&recipe.tools, &recipe.tool_servers, limits, recipe.model.tool_format).map_err(refused)?;
+        for t in train.iter().chain(&held_out) {
+            tools.registry.check_task(t).map_err(|e| refused(e.to_string()))?;
+        }
+        Ok(UserWork { limits, train, held_out, tools, sft_conversations })
+    }
+}
+
 /// The policy's starting point and the tasks it meets.
 pub(super) struct Policy {
     pub(super) registry: ToolRegistry,
+    /// The controller's own tool servers (for the warm-up and prompts), alive with it.
+    pub(super) _servers: Vec<std::sync::Arc<rlmesh_mcp::McpServer>>,
     pub(super) limits: ExecLimits,
     pub(super) train: Vec<Task>,
     pub(super) held_out: Vec<Task>,
     /// The warm-up's own task pool (empty without a warm-up).
     pub(super) sft_tasks: Vec<Task>,
+    /// `[sft] file`'s conversations, laid out for training (assistant tokens only).
+    pub(super) sft_file: Vec<SftSequence>,
     /// The initial weights, config and tokenizer (after a shared warm-up, its result).
     pub(super) model_dir: PathBuf,
     pub(super) tokenizer: Tokenizer,
@@ -159,13 +196,12 @@ pub(super) struct Policy {
 
 impl Policy {
     /// The tools, the task sets and the initial model (created, restored from a shared warm-up, or the recipe's).
-    pub(super) fn load(opts: &RunOptions, progress: &Progress) -> Result<Policy, RunError> {
+    pub(super) fn load(opts: &RunOptions, work: UserWork, progress: &Progress) -> Result<Policy, RunError> {
         let (dir, recipe) = (&opts.run_dir, &opts.recipe);
         let setup = |e: String| RunError::Setup(e);
-        let limits = ExecLimits { timeout_ms: 2000, max_output_bytes: 2048, max_calls_per_turn: 4 };
-        let registry = ToolRegistry::from_names(&recipe.tools, limits).map_err(|e| setup(e.to_string()))?.with_format(recipe.model.tool_format);
-        let (train, mut held_out) = recipe.tasks().map_err(|e| setup(e.to_string()))?;
-        let sft_tasks = if recipe.sft.steps > 0 { recipe.sft_tasks(&held_out).map_err(|e| setup(e.to_string()))? } else { vec![] };
+        let UserWork { limits, train, mut held_out, tools, sft_conversations } = work;
+        let registry = tools.registry;
+        let sft_tasks = if recipe.sft.steps > 0 && recipe.sft.file.is_none() { recipe.sft_tasks(&held_out).map_err(|e| setup(e.to_string()))? } else { vec![] };
         let model_dir = policy_dir(recipe, dir, opts.resume, &opts.tokenizer_dir, &train, &sft_tasks, &registry)?;
         let cores = std::thread::available_parallelism().map(|n| n.get()).unwrap_or(2) as i32;
         // A warm-up shared with the runs next to this one: restored when stored, else stored after it.
@@ -177,14 +213,34 @@ impl Policy {
             progress.line(format!("warm-up: starting from the shared warm-up in {}", s.display()));
         }
         let tokenizer = Tokenizer::load(&model_dir).map_err(|e| setup(e.to_string()))?;
-        if !recipe.tools.is_empty() {
+        if !recipe.tools.is_empty() || !recipe.tool_servers.is_empty() {
             super::init::check_tool_template(&tokenizer, recipe.model.tool_format).map_err(|e| RunError::Refused(format!("{}: {e}", model_dir.display())))?;
         }
         if let Some(n) = opts.eval_limit {
             held_out.truncate(n);
         }
-        Ok(Policy { registry, limits, train, held_out, sft_tasks, model_dir, tokenizer, cores, shared, reused })
+        let sft_file = sft_sequences(&sft_conversations, &tokenizer, &registry, recipe.sft.file.as_deref().unwrap_or_default())?;
+        Ok(Policy { registry, _servers: tools.servers, limits, train, held_out, sft_tasks, sft_file, model_dir, tokenizer, cores, shared, reused })
     }
+}
+
+/// A warm-up file's conversations as training sequences: each rendered with
+/// its own `tools`, or the run's; an error names the file and the conversation.
+fn sft_sequences(convs: &[rlmesh_core::dataset::Conversation], tokenizer: &Tokenizer, registry: &ToolRegistry, file: &str) -> Result<Vec<SftSequence>, RunError> {
+    let run_tools: Vec<serde_json::Value> = registry.session(&Task::default()).map(|s| s.schemas()).unwrap_or_default();
+    convs
+        .iter()
+        .map(|c| {
+            let tools = if c.tools.is_empty() { &run_tools } else { &c.tools };
+            let tools = (!tools.is_empty()).then_some(tools.as_slice());
+            let (token_ids, loss_mask) = crate::warmup::training_tokens(tokenizer, &c.messages, tools)
+                .map_err(|e| RunError::Refused(format!("{file}: conversation {}: {e}", c.id)))?;
+            if !loss_mask.contains(&1) {
+                return Err(RunError::Refused(format!("{file}: conversation {}: no assistant message to train on", c.id)));
+            }
+            Ok(SftSequence { token_ids, loss_mask })
+        })
+        .collect()
 }
 
 /// The settings of the roles: the learner (for the warm-up; the RL phase's
@@ -221,6 +277,9 @@ impl Roles {
                 JudgeName::Rule => JudgeSpec::Rule,
                 JudgeName::Model => JudgeSpec::Model { dir: recipe.judge_model.as_ref().map_or_else(|| tokenizer_dir.to_path_buf(), PathBuf::from) },
             },
+            weights: recipe.reward_weights.clone(),
+            env_functions: super::recipe::rewards::env_sources(&recipe.tool_servers),
+            verifiers: recipe.reward_functions.clone(),
         };
         Roles { sft, rollout, reward }
     }
@@ -232,7 +291,7 @@ impl Roles {
             Some(f) => {
                 let roles = RoleSetup {
                     model_dir: policy.model_dir.clone(),
-                    rollout: RolloutSetup { tools: recipe.tools.clone(), limits: policy.limits, config: self.rollout.clone(), cuda: None },
+                    rollout: RolloutSetup { tools: recipe.tools.clone(), servers: recipe.tool_servers.clone(), limits: policy.limits, config: self.rollout.clone(), cuda: None },
                     reward: self.reward.clone(),
                     learner: self.sft.clone(),
                 };
@@ -267,6 +326,7 @@ impl Roles {
             .map(|i| RolloutArgs {
                 model_dir: policy.model_dir.clone(),
                 tools: opts.recipe.tools.clone(),
+                servers: opts.recipe.tool_servers.clone(),
                 limits: policy.limits,
                 config: self.rollout.clone(),
                 // The cores split evenly, as between rollout processes on one host: a

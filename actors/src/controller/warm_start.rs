@@ -112,6 +112,8 @@ pub(super) struct WarmUp<'a> {
     pub(super) registry: &'a ToolRegistry,
     pub(super) recipe: &'a Recipe,
     pub(super) tasks: &'a [Task],
+    /// `[sft] file`'s sequences: imitated in file order, round after round, instead of the expert's.
+    pub(super) file: &'a [SftSequence],
     pub(super) steps: u64,
 }
 
@@ -138,6 +140,11 @@ impl WarmUp<'_> {
             }
             let mut seqs = Vec::with_capacity(recipe.sft.batch_size);
             for _ in 0..recipe.sft.batch_size {
+                if !self.file.is_empty() {
+                    seqs.push(self.file[sft_cursor % self.file.len()].clone());
+                    sft_cursor += 1;
+                    continue;
+                }
                 let index = sft_cursor % self.tasks.len();
                 sft_cursor += 1;
                 let task = &self.tasks[index];

@@ -277,6 +277,7 @@ async fn host(hosted: &mut Hosted, s: NodeSetup, cookie: &str, tx: &ControlSende
         let args = RolloutArgs {
             model_dir: s.model_dir.clone(),
             tools: r.tools,
+            servers: r.servers,
             limits: r.limits,
             config: r.config,
             threads: s.threads,

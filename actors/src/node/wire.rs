@@ -81,6 +81,9 @@ pub struct NodeSetup {
 pub struct RolloutSetup {
     /// Tools offered.
     pub tools: Vec<String>,
+    /// MCP tool servers the process starts or reaches for itself.
+    #[serde(default)]
+    pub servers: Vec<rlmesh_mcp::ServerSpec>,
     /// Tool limits.
     pub limits: ExecLimits,
     /// Sampling and loop limits.

@@ -2,20 +2,33 @@
 //! step (and the held-out verdict), and writes the error-analysis row of
 //! each rollout.
 //!
-//! Per trajectory it returns the scalar the recipe's `reward` names (what
-//! GRPO trains on) and, whatever the recipe, the [`SegmentScores`]: SLCA's
+//! Per trajectory it returns the scalar GRPO trains on — the rubric the
+//! recipe's `reward` names, weighted by `[reward_weights]`, plus the
+//! environments' rewards (`env:<server>`) and the external verifiers
+//! (`verifier:<name>`, [`rlmesh_verifiers`]), combined as TRL does — and,
+//! whatever the recipe, the [`SegmentScores`]: SLCA's
 //! process and summary rewards (HierR, the summary judged by the rule
 //! rubric) and StepTool's reward per turn. Scoring is plain functions of
 //! `rlmesh_core::reward` on plain data; the actor only moves groups in and
 //! scored groups out.
+//!
+//! A rollout a function could not score (a verifier's error, timeout, crash or
+//! garbage; a tool server that lost its state) has no total: its group is
+//! marked [`ScoredGroup::unscorable`] and the controller drops it, so
+//! infrastructure failures never enter group statistics.
 pub mod judge;
 
+use crate::controller::recipe::rewards::{reward_functions, rubric_weights, RewardFunctionSpec};
 use crate::controller::recipe::RewardKind;
+use rlmesh_core::reward::functions::{combine_row, RewardFunction, Score};
+use rlmesh_core::reward::process::{final_only_reward_weighted, process_reward_weighted, RubricWeights};
+use rlmesh_verifiers::{Request, Verifier};
+use std::collections::BTreeMap;
 use ractor::{Actor, ActorProcessingErr, ActorRef, RpcReplyPort};
 use rlmesh_core::analysis::{analysis_row, trajectory_outcome, AnalysisRow, TrajectoryOutcome};
 use rlmesh_core::reward::hierr::hierr_reward;
 use rlmesh_core::reward::judge::{Judge, JudgeStats, SummaryRubric};
-use rlmesh_core::reward::process::{final_only_reward, process_reward};
+use rlmesh_core::reward::process::process_reward;
 use rlmesh_core::reward::segments::{segments_of, SegmentScores};
 use rlmesh_core::reward::Transcript;
 use rlmesh_core::Group;
@@ -30,6 +43,9 @@ pub struct ScoredTrajectory {
     pub total: f64,
     /// Named components (`None`: does not apply).
     pub components: Vec<(String, Option<f64>)>,
+    /// Each reward function's value (`None`: does not apply or could not score).
+    #[serde(default)]
+    pub functions: Vec<(String, Option<f64>)>,
     /// Segment rewards (SLCA) and per-turn step rewards (StepTool).
     #[serde(default)]
     pub segments: SegmentScores,
@@ -49,6 +65,9 @@ pub struct ScoredGroup {
     /// What scoring it cost.
     #[serde(default)]
     pub judge: JudgeCost,
+    /// Why a rollout of it has no reward, if one has none: the group is dropped, never trained.
+    #[serde(default)]
+    pub unscorable: Option<String>,
 }
 
 /// The judge of the summaries.
@@ -73,6 +92,22 @@ pub struct RewardSpec {
     /// The judge of the summaries (SLCA's `q`, HierR's total).
     #[serde(default)]
     pub judge: JudgeSpec,
+    /// `[reward_weights]`: the rubric's component weights and the functions' weights.
+    #[serde(default)]
+    pub weights: BTreeMap<String, f64>,
+    /// Tool servers whose reward tool is a reward function (`env:<name>`).
+    #[serde(default)]
+    pub env_functions: Vec<String>,
+    /// `[[reward_function]]`: external verifiers.
+    #[serde(default)]
+    pub verifiers: Vec<RewardFunctionSpec>,
+}
+
+impl RewardSpec {
+    /// The rubric alone, with its default weights.
+    pub fn rubric(kind: RewardKind, judge: JudgeSpec) -> Self {
+        RewardSpec { kind, judge, weights: BTreeMap::new(), env_functions: Vec::new(), verifiers: Vec::new() }
+    }
 }
 
 /// What judging a group cost.
@@ -90,6 +125,12 @@ pub struct JudgeCost {
 pub struct Scorer {
     kind: RewardKind,
     judge: Arc<dyn Judge>,
+    rubric: RubricWeights,
+    /// The functions summed, in order: the rubric, `env:` functions, verifiers.
+    functions: Vec<RewardFunction>,
+    /// The `env:` functions' sources (same order as in `functions`, after the rubric).
+    env_sources: Vec<String>,
+    verifiers: Vec<Verifier>,
 }
 
 /// A model judge waits this long for one answer before it counts a failure.
@@ -104,14 +145,50 @@ impl Scorer {
                 Arc::new(judge::ModelJudge::load(dir, MODEL_JUDGE_TIMEOUT).map_err(|e| format!("the model judge in {}: {e}", dir.display()))?)
             }
         };
-        Ok(Scorer { kind: spec.kind, judge })
+        let functions = reward_functions(spec.kind, &spec.weights, &spec.env_functions, &spec.verifiers);
+        let verifiers = spec.verifiers.iter().map(|v| Verifier::start(v.verifier()).map_err(|e| e.to_string())).collect::<Result<Vec<_>, _>>()?;
+        Ok(Scorer { kind: spec.kind, judge, rubric: rubric_weights(&spec.weights), functions, env_sources: spec.env_functions.clone(), verifiers })
+    }
+
+    /// The reward functions summed, in order.
+    pub fn functions(&self) -> &[RewardFunction] {
+        &self.functions
+    }
+
+    /// Every function's score of each trajectory of `group` (rows: trajectories).
+    fn function_scores(&self, group: &Group, rubric: &[f64]) -> Vec<Vec<Score>> {
+        let prompts: Vec<Vec<rlmesh_core::Message>> = group
+            .trajectories
+            .iter()
+            .map(|t| crate::rollout::prompt_messages(&group.task, None, None).into_iter().chain(t.messages.iter().cloned()).collect())
+            .collect();
+        let requests: Vec<Request<'_>> = group
+            .trajectories
+            .iter()
+            .zip(&prompts)
+            .map(|(t, messages)| Request { task: &group.task, messages, completion: &t.final_answer })
+            .collect();
+        let verified: Vec<Vec<Score>> = self.verifiers.iter().map(|v| v.score_all(&requests)).collect();
+        group
+            .trajectories
+            .iter()
+            .enumerate()
+            .map(|(i, t)| {
+                let mut row = vec![Score::Value(rubric[i])];
+                for source in &self.env_sources {
+                    row.push(t.grades.iter().find(|(n, _)| n == source).map_or(Score::NotApplicable, |(_, s)| s.clone()));
+                }
+                row.extend(verified.iter().map(|v| v[i].clone()));
+                row
+            })
+            .collect()
     }
 
     /// Scores every trajectory of a group.
     pub fn score(&self, group: Group) -> ScoredGroup {
         let start = Instant::now();
         let stats = JudgeStats::default();
-        let scores = group
+        let mut scores: Vec<ScoredTrajectory> = group
             .trajectories
             .iter()
             .map(|traj| {
@@ -119,8 +196,8 @@ impl Scorer {
                 // HierR judges the summary once; the segments reuse it.
                 let h = hierr_reward(&group.task, &t, self.judge.as_ref(), &stats);
                 let s = match self.kind {
-                    RewardKind::Process => process_reward(&group.task, &t),
-                    RewardKind::FinalOnly => final_only_reward(&group.task, &t),
+                    RewardKind::Process => process_reward_weighted(&group.task, &t, &self.rubric),
+                    RewardKind::FinalOnly => final_only_reward_weighted(&group.task, &t, &self.rubric),
                     RewardKind::Hierr => h.clone(),
                 };
                 let segments = segments_of(&group.task, traj, &t, &h);
@@ -134,14 +211,30 @@ impl Scorer {
                 ScoredTrajectory {
                     total: s.total,
                     components: s.components.iter().map(|(n, v)| (n.to_string(), *v)).collect(),
+                    functions: Vec::new(),
                     segments,
                     outcome: trajectory_outcome(&group.task, traj),
                     row,
                 }
             })
             .collect();
+        // The total over the reward functions (the rubric alone: its own total, exactly).
+        let rubric: Vec<f64> = scores.iter().map(|s| s.total).collect();
+        let rows = self.function_scores(&group, &rubric);
+        let mut unscorable = None;
+        for (s, row) in scores.iter_mut().zip(&rows) {
+            s.functions = self.functions.iter().zip(row).map(|(f, v)| (f.name.clone(), v.value())).collect();
+            match combine_row(&self.functions, row) {
+                Ok(total) => s.total = total,
+                Err(e) => {
+                    s.total = f64::NAN;
+                    unscorable.get_or_insert(e.to_string());
+                }
+            }
+            s.row.total_reward = s.total;
+        }
         let judge = JudgeCost { calls: stats.calls(), failures: stats.failures(), seconds: start.elapsed().as_secs_f64() };
-        ScoredGroup { group, scores, judge }
+        ScoredGroup { group, scores, judge, unscorable }
     }
 }
 

@@ -75,6 +75,8 @@ pub struct RolloutArgs {
     pub model_dir: PathBuf,
     /// Tools offered.
     pub tools: Vec<String>,
+    /// MCP tool servers it starts or reaches for itself.
+    pub servers: Vec<rlmesh_mcp::ServerSpec>,
     /// Tool limits.
     pub limits: ExecLimits,
     /// Sampling and loop limits.
@@ -98,8 +100,14 @@ pub struct RolloutDevice {
     model: Transformer,
     tokenizer: Tokenizer,
     registry: ToolRegistry,
+    /// Keeps the MCP servers' processes alive as long as the actor.
+    _servers: Vec<std::sync::Arc<rlmesh_mcp::McpServer>>,
     version: u64,
 }
+
+/// How a rollout answer begins when a tool server is past its restart budget
+/// (the controller stops the run at a checkpoint).
+pub const TOOLS_GIVEN_UP: &str = "a tool server was given up";
 
 /// The rollout actor.
 pub struct RolloutActor;
@@ -117,14 +125,15 @@ impl Actor for RolloutActor {
 
     async fn pre_start(&self, myself: ActorRef<Self::Msg>, args: RolloutArgs) -> Result<RolloutState, ActorProcessingErr> {
         let (dir, tools, limits, threads, on) = (args.model_dir.clone(), args.tools.clone(), args.limits, args.threads, args.device);
+        let servers = args.servers.clone();
         let format = args.config.tool_format;
         let name = format!("rollout-{}", myself.get_id());
         let device = DeviceThread::spawn(&name, move || -> Result<RolloutDevice, String> {
             tch::set_num_threads(threads);
             let model = Transformer::load(&dir, on, Some(tch::Kind::Float)).map_err(|e| e.to_string())?;
             let tokenizer = Tokenizer::load(&dir).map_err(|e| e.to_string())?;
-            let registry = ToolRegistry::from_names(&tools, limits).map_err(|e| e.to_string())?.with_format(format);
-            Ok(RolloutDevice { model, tokenizer, registry, version: 0 })
+            let opened = super::tools::open_tools(&tools, &servers, limits, format)?;
+            Ok(RolloutDevice { model, tokenizer, registry: opened.registry, _servers: opened.servers, version: 0 })
         })
         .await??;
         Ok(RolloutState { device, args })
@@ -150,6 +159,8 @@ impl Actor for RolloutActor {
                     .run(move |d| -> Result<RolloutResult, String> {
                         let t = std::time::Instant::now();
                         let (groups, timing) = rollout_groups_timed(&d.model, &d.tokenizer, &d.registry, &req.groups, &cfg, d.version, req.seed).map_err(|e| e.to_string())?;
+                        // A tool server past its restart budget: the run stops at a checkpoint.
+                        d.registry.health().map_err(|e| format!("{TOOLS_GIVEN_UP}: {e}"))?;
                         let generated_tokens = groups.iter().flat_map(|g| &g.trajectories).map(|t| t.policy_tokens()).sum();
                         let seconds = t.elapsed().as_secs_f64();
                         if let Some(m) = &metrics {

@@ -2,6 +2,7 @@
 //! conversation that record renders.
 use super::RolloutError;
 use rlmesh_core::tools::{ParsedCall, ToolRegistry, ToolSession};
+use rlmesh_core::reward::functions::Score;
 use rlmesh_core::{Message, Span, Step, StopReason, Task, Trajectory};
 use rlmesh_model::{Completion, FinishReason, ModelError, Tokenizer};
 use serde_json::Value;
@@ -37,6 +38,22 @@ fn to_values(messages: &[Message]) -> impl Iterator<Item = Value> + '_ {
     messages.iter().map(|m| serde_json::to_value(m).expect("a Message serialises to JSON"))
 }
 
+/// A task's prompt: its messages (a task file's list, system message
+/// allowed) or its one user prompt, after `system_prompt` unless the task
+/// brings its own; the environment's reset observation ends the last user message.
+pub fn prompt_messages(task: &Task, observation: Option<&str>, system_prompt: Option<&str>) -> Vec<Message> {
+    let mut msgs = if task.messages.is_empty() { vec![Message::user(task.prompt.clone())] } else { task.messages.clone() };
+    if let Some(obs) = observation {
+        if let Some(last) = msgs.iter_mut().rev().find(|m| m.role == "user") {
+            last.content = format!("{}\n\n{obs}", last.content);
+        }
+    }
+    match system_prompt {
+        Some(sys) if msgs.first().is_none_or(|m| m.role != "system") => std::iter::once(Message::system(sys)).chain(msgs).collect(),
+        _ => msgs,
+    }
+}
+
 impl Conversation {
     /// Opens the tools of a rollout on `task` and renders its prompt.
     /// The rendered prompt (chat template, tool schemas, generation prompt).
@@ -52,11 +69,7 @@ impl Conversation {
         system_prompt: Option<&str>,
     ) -> Result<Self, RolloutError> {
         let session = registry.session(task)?;
-        let user = match session.observation() {
-            Some(obs) => format!("{}\n\n{obs}", task.prompt),
-            None => task.prompt.clone(),
-        };
-        let prompt: Vec<Message> = system_prompt.map(Message::system).into_iter().chain([Message::user(user)]).collect();
+        let prompt = prompt_messages(task, session.observation(), system_prompt);
         let prompt: Vec<Value> = to_values(&prompt).collect();
         let schemas = session.schemas();
         let tools = (!schemas.is_empty()).then_some(schemas);
@@ -222,6 +235,8 @@ impl Conversation {
     pub(super) fn finish(self, tokenizer: &Tokenizer) -> Result<Trajectory, RolloutError> {
         let completion = tokenizer.decode(&self.ids[self.prompt_len..], false).map_err(self.text_err("decoding the completion"))?;
         let final_answer = self.messages.iter().rev().find(|m| m.role == "assistant").map(|m| m.content.clone()).unwrap_or_default();
+        // The sources' grades, after the last turn (an MCP server's reward tool is called here).
+        let grades = self.session.grades().into_iter().map(|(name, g)| (name, g.map_or_else(|reason| Score::Unscorable { reason }, Score::from))).collect();
         Ok(Trajectory {
             task_id: self.task_id,
             sample_index: self.sample_index,
@@ -240,6 +255,7 @@ impl Conversation {
             final_answer,
             // Every other ending is recorded when it happens: a live rollout ran out of turns.
             stop_reason: self.stop.unwrap_or(StopReason::MaxTurns),
+            grades,
         })
     }
 }

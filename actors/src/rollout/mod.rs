@@ -42,8 +42,10 @@
 //! ```
 mod conversation;
 mod tool_loop;
+pub mod tools;
 
 pub mod actor;
+pub use conversation::prompt_messages;
 pub use tool_loop::{chat, prompt_text, rollout_groups, rollout_groups_timed, ToolLoopTiming};
 
 use rlmesh_model::{ModelError, SamplingParams};

@@ -38,16 +38,20 @@
 //! field). Unknown fields are errors; [`Recipe::load`] names the file, line
 //! and field of any problem.
 //!
-//! One file per table: [`model`], [`tasks`], [`estimator`], [`sft`], [`learner`],
-//! [`rl`]; [`bounds`] holds the size limits, each with its reason.
+//! One file per table: [`model`], [`tasks`], [`tools`] (`[[tool_server]]`,
+//! `[tool_limits]`), [`rewards`] (`[reward_weights]`, `[[reward_function]]`),
+//! [`estimator`], [`sft`], [`learner`], [`rl`]; [`bounds`] holds the size
+//! limits, each with its reason.
 pub mod bounds;
 mod checks;
 pub mod estimator;
 pub mod learner;
 pub mod model;
+pub mod rewards;
 pub mod rl;
 pub mod sft;
 pub mod tasks;
+pub mod tools;
 
 use super::source::{self, ConfigError, Invalid};
 use super::staleness::Mode;
@@ -56,12 +60,15 @@ pub use learner::LearnerSpec;
 pub use model::ModelSpec;
 pub use rl::{ModeName, Rl, DEFAULT_ASYNC_STALENESS, DEFAULT_MAX_DRAWS};
 pub use sft::{Sft, SftMix};
+pub use rewards::RewardFunctionSpec;
 pub use tasks::TaskMix;
+pub use tools::{ServerSpec, ToolLimits};
 use rlmesh_core::advantage::grpo::ScaleRewards;
-use rlmesh_core::dataset::{self, DatasetError, MixConfig};
+use rlmesh_core::dataset::{self, Columns, DatasetError, MixConfig, TaskFiles};
 use rlmesh_core::tools::{calculator, inventory, registry};
 use rlmesh_core::Task;
 use serde::{Deserialize, Serialize};
+use std::collections::BTreeMap;
 use std::path::Path;
 
 /// What a run trains.
@@ -91,6 +98,18 @@ pub struct Recipe {
     pub model: ModelSpec,
     /// The training and held-out tasks.
     pub tasks: TaskMix,
+    /// MCP servers whose tools the agent may call (`[[tool_server]]`).
+    #[serde(default, rename = "tool_server", skip_serializing_if = "Vec::is_empty")]
+    pub tool_servers: Vec<ServerSpec>,
+    /// What one tool call may take.
+    #[serde(default)]
+    pub tool_limits: ToolLimits,
+    /// Weights of the rubric's components and of the reward functions (`[reward_weights]`).
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub reward_weights: BTreeMap<String, f64>,
+    /// External verifiers added to the reward (`[[reward_function]]`).
+    #[serde(default, rename = "reward_function", skip_serializing_if = "Vec::is_empty")]
+    pub reward_functions: Vec<RewardFunctionSpec>,
     /// The advantage estimator and its loss parameters.
     #[serde(default)]
     pub estimator: Estimator,
@@ -133,6 +152,31 @@ fn default_tools() -> Vec<String> {
     vec![calculator::NAME.to_string()]
 }
 
+/// `~/…` and `${VAR}` in a path from the environment (`${RLMESH_CACHE}`
+/// defaults to `~/.cache/rlmesh`, where the set-up puts its models), so a
+/// recipe can name a model on any machine.
+pub fn expand_path(p: &str) -> String {
+    let home = std::env::var("HOME").unwrap_or_default();
+    let var = |name: &str| match (std::env::var(name), name) {
+        (Ok(v), _) if !v.is_empty() => v,
+        (_, "RLMESH_CACHE") => format!("{home}/.cache/rlmesh"),
+        _ => String::new(),
+    };
+    let mut out = match p.strip_prefix("~/") {
+        Some(rest) => format!("{home}/{rest}"),
+        None => String::new(),
+    };
+    let mut rest = if out.is_empty() { p } else { "" };
+    while let Some(at) = rest.find("${") {
+        let Some(end) = rest[at..].find('}') else { break };
+        out.push_str(&rest[..at]);
+        out.push_str(&var(&rest[at + 2..at + end]));
+        rest = &rest[at + end + 1..];
+    }
+    out.push_str(rest);
+    out
+}
+
 impl Recipe {
     /// Reads, parses and validates a recipe file; errors name the file, line and field.
     pub fn load(path: &Path) -> Result<Recipe, ConfigError> {
@@ -157,8 +201,24 @@ impl Recipe {
                 *p = base.join(path).to_string_lossy().into_owned();
             }
         };
+        self.model.path = expand_path(&self.model.path);
         if let Some(t) = self.model.chat_template.as_mut() {
             resolve(t);
+        }
+        for f in [self.tasks.file.as_mut(), self.tasks.held_out_file.as_mut(), self.sft.file.as_mut()].into_iter().flatten() {
+            resolve(f);
+        }
+        // Programs run in the recipe's directory unless told otherwise, so `["python3", "tools.py"]` works.
+        let dir = base.to_string_lossy().into_owned();
+        for s in self.tool_servers.iter_mut().filter(|s| s.command.is_some() && s.cwd.is_none()) {
+            s.cwd = Some(base.clone());
+        }
+        for v in self.reward_functions.iter_mut().filter(|v| v.command.is_some()) {
+            v.cwd = Some(match v.cwd.take() {
+                Some(c) if Path::new(&c).is_relative() => base.join(c).to_string_lossy().into_owned(),
+                Some(c) => c,
+                None => dir.clone(),
+            });
         }
         self
     }
@@ -197,11 +257,35 @@ impl Recipe {
         })
     }
 
-    /// Generates the task mix: `(training tasks, held-out tasks)`, disjoint.
+    /// The tasks: `(training tasks, held-out tasks)`, disjoint; from the
+    /// file (`held_out` rows split off with the recipe's seed) or generated.
     pub fn tasks(&self) -> Result<(Vec<Task>, Vec<Task>), DatasetError> {
         let t = &self.tasks;
+        if let Some(file) = &t.file {
+            let mut spec = TaskFiles::new(file);
+            spec.columns = Columns::new(t.columns.clone())?;
+            spec.held_out_file = t.held_out_file.as_ref().map(Into::into);
+            spec.held_out = t.held_out.unwrap_or(0);
+            let mut split = dataset::load_tasks(&spec, self.seed)?;
+            if t.held_out.is_none() && t.held_out_file.is_none() {
+                // Default: 200 rows or a fifth of the file, whichever is fewer.
+                let n = (split.train.len() / 5).min(tasks::DEFAULT_HELD_OUT);
+                let (train, held) = dataset::task_file::split_off(split.train, n, self.seed);
+                split = dataset::TaskSplit { train, held_out: held };
+            }
+            if let Some(n) = t.size {
+                split.train.truncate(n);
+            }
+            if split.held_out.is_empty() {
+                return Err(DatasetError::Spec(format!("{file}: no held-out tasks (the run evaluates on them): set [tasks] held_out = N rows, or held_out_file")));
+            }
+            if split.train.is_empty() {
+                return Err(DatasetError::File { file: file.clone(), message: "no training tasks are left after the held-out split".into() });
+            }
+            return Ok((split.train, split.held_out));
+        }
         let cfg = MixConfig {
-            size: t.size + t.held_out,
+            size: t.size() + t.held_out_count(),
             tool_fraction: t.tool_fraction,
             multi_step_fraction: t.multi_step_fraction,
             inventory: t.inventory,
@@ -210,7 +294,7 @@ impl Recipe {
             drill_words: false,
         };
         let mut train = dataset::generate(&cfg)?;
-        let held_out = train.split_off(t.size);
+        let held_out = train.split_off(t.size());
         Ok((train, held_out))
     }
 
@@ -239,8 +323,14 @@ impl Recipe {
         }
         self.model.validate()?;
         self.tasks.validate()?;
+        tools::validate_servers(&self.tool_servers, &self.tools)?;
+        self.tool_limits.validate()?;
+        rewards::validate(self.reward, &self.reward_weights, &self.tool_servers, &self.reward_functions)?;
         self.estimator.validate()?;
         self.sft.validate()?;
+        if self.tasks.from_file() && self.sft.steps > 0 && self.sft.file.is_none() {
+            return Err(Invalid::new("sft.file", "the expert warm-up writes conversations for generated tasks only: with [tasks] file, give the warm-up's conversations (sft.file = \"sft.jsonl\") or set sft.steps = 0"));
+        }
         self.learner.validate()?;
         self.rl.validate()
     }
@@ -256,6 +346,11 @@ impl Recipe {
             }
         }
         let has = |n: &str| self.tools.iter().any(|t| t == n);
+        if self.tasks.from_file() {
+            // A file's tasks name the tools they allow; they are checked against
+            // the built-in tools and the servers' once the servers are up.
+            return Ok(());
+        }
         if self.tasks.tool_fraction > 0.0 && !has(calculator::NAME) {
             return Err(Invalid::new("tools", "tool tasks (tasks.tool_fraction > 0) need \"calculator\""));
         }

@@ -12,6 +12,11 @@ pub struct Sft {
     /// Optimizer steps (default 0: no warm-up).
     #[serde(default)]
     pub steps: u64,
+    /// Conversations to imitate instead of the expert's (JSONL, OpenAI
+    /// messages with `tool_calls` and tool messages, TRL's SFT format; relative
+    /// to the recipe); trained on the assistant tokens only.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub file: Option<String>,
     /// Learning rate (default 1e-3).
     #[serde(default = "default_sft_lr")]
     pub lr: f64,
@@ -87,6 +92,7 @@ impl Default for Sft {
     fn default() -> Self {
         Sft {
             steps: 0,
+            file: None,
             lr: default_sft_lr(),
             weight_decay: 0.0,
             beta2: default_sft_beta2(),

@@ -1,0 +1,129 @@
+//! A user's own files through `launcher up`: bad task and warm-up files are
+//! refused with exit 2, naming file:line:field, before anything is created;
+//! verifiers that crash, hang or answer garbage now and then make their
+//! groups unscorable — dropped, counted, replaced — and the run finishes with
+//! every group trained at most once.
+mod common;
+
+use common::*;
+use std::io::Write;
+use std::path::Path;
+
+/// Calculator tasks in the task-file format (`answer`, `tools`), no gold calls.
+fn tasks_file(path: &Path, n: usize) {
+    let mut f = std::fs::File::create(path).unwrap();
+    for i in 0..n {
+        let (a, b) = (3 + i * 7 % 50, 11 + i * 13 % 40);
+        writeln!(f, "{}", serde_json::json!({"id": format!("sum-{i}"), "prompt": format!("What is {a} plus {b}?"), "answer": (a + b).to_string(), "tools": ["calculator"]})).unwrap();
+    }
+}
+
+fn up(dir: &Path, recipe: &str, run: &Path) -> std::process::Output {
+    let path = dir.join("recipe.toml");
+    std::fs::write(&path, recipe).unwrap();
+    launcher(&["up", "deploy/local.toml", "--recipe", path.to_str().unwrap(), "--run-dir", run.to_str().unwrap(), "--metrics-addr", "127.0.0.1:0", "--eval-limit", "2"])
+}
+
+const RL: &str = "[rl]\nsteps = 3\ngroup_size = 2\ngroups_per_step = 2\nmax_turns = 2\nmax_new_tokens = 8\n";
+
+#[test]
+fn bad_files_are_refused_naming_file_line_and_field_with_nothing_created() {
+    let tmp = tempfile::tempdir().unwrap();
+    let d = tmp.path();
+    let good = "{\"prompt\": \"What is 2 plus 3?\", \"answer\": \"5\"}\n";
+    let mut long = String::from("{\"prompt\": \"");
+    long.push_str(&"x".repeat(17 << 20));
+    long.push_str("\"}\n");
+    let cases: Vec<(&str, Vec<u8>, &str)> = vec![
+        ("missing.jsonl", format!("{good}{{\"answer\": \"5\"}}\n").into_bytes(), "missing.jsonl:2: field \"prompt\""),
+        ("wrong_type.jsonl", format!("{good}{good}{{\"prompt\": \"p\", \"requires_tool\": \"yes\"}}\n").into_bytes(), "wrong_type.jsonl:3: field \"requires_tool\": expected a boolean"),
+        ("empty.jsonl", Vec::new(), "empty.jsonl: "),
+        ("long.jsonl", format!("{good}{long}").into_bytes(), "long.jsonl:2"),
+        ("latin1.jsonl", [good.as_bytes(), b"{\"prompt\": \"caf\xe9\"}\n"].concat(), "latin1.jsonl:2"),
+    ];
+    for (name, bytes, want) in cases {
+        std::fs::write(d.join(name), bytes).unwrap();
+        let run = d.join(format!("run-{name}"));
+        let o = up(d, &format!("reward = \"process\"\n[tasks]\nfile = \"{name}\"\nheld_out = 1\n{RL}"), &run);
+        assert_eq!(code(&o), 2, "{name}: {}", stderr(&o));
+        assert!(stderr(&o).contains(want), "{name}: wanted {want:?} in\n{}", stderr(&o));
+        assert!(!run.exists(), "{name}: a refused run creates nothing");
+    }
+    // A warm-up file is checked the same way.
+    tasks_file(&d.join("tasks.jsonl"), 8);
+    std::fs::write(d.join("sft.jsonl"), "{\"messages\": [{\"role\": \"user\", \"content\": \"hi\"}, {\"role\": \"assistent\", \"content\": \"x\"}]}\n").unwrap();
+    let run = d.join("run-sft");
+    let o = up(d, &format!("reward = \"process\"\n[tasks]\nfile = \"tasks.jsonl\"\nheld_out = 2\n[sft]\nfile = \"sft.jsonl\"\nsteps = 2\n{RL}"), &run);
+    assert_eq!(code(&o), 2, "{}", stderr(&o));
+    assert!(stderr(&o).contains("sft.jsonl:1") && stderr(&o).contains("role"), "{}", stderr(&o));
+    assert!(!run.exists());
+    // A task that needs a tool nothing offers.
+    std::fs::write(d.join("odd.jsonl"), "{\"prompt\": \"p\", \"tools\": [\"weather\"]}\n{\"prompt\": \"q\"}\n").unwrap();
+    let run = d.join("run-odd");
+    let o = up(d, &format!("reward = \"process\"\n[tasks]\nfile = \"odd.jsonl\"\nheld_out = 1\n{RL}"), &run);
+    assert_eq!(code(&o), 2, "{}", stderr(&o));
+    assert!(stderr(&o).contains("weather"), "{}", stderr(&o));
+    assert!(!run.exists());
+    // A tool server that cannot start: its name and the end of its stderr.
+    tasks_file(&d.join("tasks.jsonl"), 8);
+    std::fs::write(d.join("broken.py"), "import sys\nsys.stderr.write('no module named shop_data\\n')\nsys.exit(1)\n").unwrap();
+    let run = d.join("run-server");
+    let o = up(d, &format!("reward = \"process\"\n[tasks]\nfile = \"tasks.jsonl\"\nheld_out = 2\n[[tool_server]]\nname = \"shop\"\ncommand = [\"python3\", \"broken.py\"]\n{RL}"), &run);
+    assert_eq!(code(&o), 2, "{}", stderr(&o));
+    assert!(stderr(&o).contains("shop") && stderr(&o).contains("no module named shop_data"), "{}", stderr(&o));
+    assert!(!run.exists());
+}
+
+/// A verifier that fails one request in `every`, the way `how` says, and otherwise checks the answer.
+const FLAKY: &str = r#"
+import json, sys, time
+how, every = sys.argv[1], int(sys.argv[2])
+seen = 0
+for line in sys.stdin:
+    req = json.loads(line)
+    seen += 1
+    if seen % every == 0:
+        if how == "crash":
+            sys.exit(1)
+        if how == "sleep":
+            time.sleep(30)
+        if how == "garbage":
+            print("{not a response", flush=True)
+            continue
+    ok = str(req["task"]["answer"]) in req["completion"]
+    print(json.dumps({"id": req["id"], "score": 1.0 if ok else 0.0}), flush=True)
+"#;
+
+#[test]
+fn failing_verifiers_drop_their_groups_as_unscorable_and_the_run_finishes() {
+    let tmp = tempfile::tempdir().unwrap();
+    let d = tmp.path();
+    tasks_file(&d.join("tasks.jsonl"), 40);
+    std::fs::write(d.join("flaky.py"), FLAKY).unwrap();
+    let v = |how: &str, every: u32| format!("[[reward_function]]\nname = \"{how}\"\ncommand = [\"python3\", \"flaky.py\", \"{how}\", \"{every}\"]\nweight = 0.5\ntimeout_s = 2\n");
+    let recipe = format!("reward = \"process\"\n[tasks]\nfile = \"tasks.jsonl\"\nheld_out = 4\n{}{}{}{RL}", v("crash", 9), v("sleep", 11), v("garbage", 7));
+    let run = d.join("run");
+    let o = up(d, &recipe, &run);
+    assert_eq!(code(&o), 0, "{}", stderr(&o));
+    let summary: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(run.join("summary.json")).unwrap()).unwrap();
+    assert_eq!(summary["steps"], 3);
+    let dropped = summary["counters"]["groups_dropped"]["unscorable"].as_u64().unwrap_or(0);
+    assert!(dropped > 0, "some groups must have met a failing verifier: {}", summary["counters"]);
+    // Exactly once: no group trained twice, none both trained and dropped, every one dispatched accounted for.
+    let (trained, _) = ledger_counts(&run);
+    assert!(trained.values().all(|&n| n == 1), "{trained:?}");
+    let mut dropped_ids = std::collections::HashSet::new();
+    for e in jsonl(&run.join("ledger.jsonl")) {
+        if e["event"] == "dropped" && e["reason"] == "unscorable" {
+            let id = e["group"].as_u64().unwrap();
+            assert!(!trained.contains_key(&id), "group {id} was dropped as unscorable and trained");
+            dropped_ids.insert(id);
+        }
+    }
+    assert_eq!(dropped_ids.len() as u64, dropped);
+    // The trained steps saw only scorable rollouts: every total is a number, with each verifier's value.
+    for row in jsonl(&run.join("metrics.jsonl")).iter().filter(|r| r.get("step").is_some() && r.get("reward_mean").is_some()) {
+        assert!(row["reward_mean"].as_f64().is_some_and(f64::is_finite), "{row}");
+        assert!(row.get("reward_function/verifier:crash").is_some(), "{row}");
+    }
+}
