@@ -229,7 +229,8 @@ pub(crate) struct DecodeStart {
     pub(crate) max_new: usize,
 }
 
-fn left_pad(prompts: &[&Vec<u32>], width: usize, device: Device) -> (Tensor, Tensor) {
+/// Prompts left-padded to `width`: ids (0 on padding) and which slots are valid, `[B, width]` each.
+pub(crate) fn left_pad(prompts: &[&Vec<u32>], width: usize, device: Device) -> (Tensor, Tensor) {
     let mut ids = vec![0i64; prompts.len() * width];
     let mut valid = vec![false; prompts.len() * width];
     for (i, p) in prompts.iter().enumerate() {

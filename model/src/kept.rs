@@ -209,17 +209,7 @@ impl Transformer {
     fn prefill_fresh(&self, unique: &[&Vec<u32>]) -> Result<(KvCache, Tensor, usize)> {
         let (c, device) = (&self.config, self.device());
         let width = unique.iter().map(|p| p.len()).max().unwrap_or(0);
-        let mut ids = vec![0i64; unique.len() * width];
-        let mut valid = vec![false; unique.len() * width];
-        for (i, p) in unique.iter().enumerate() {
-            let off = width - p.len();
-            for (j, &tok) in p.iter().enumerate() {
-                ids[i * width + off + j] = tok as i64;
-                valid[i * width + off + j] = true;
-            }
-        }
-        let shape = [unique.len() as i64, width as i64];
-        let (ids, valid) = (Tensor::from_slice(&ids).view(shape).to_device(device), Tensor::from_slice(&valid).view(shape).to_device(device));
+        let (ids, valid) = crate::generate::left_pad(unique, width, device);
         let mut cache = KvCache::new(c.num_layers as usize, unique.len() as i64, c.num_kv_heads, width, c.head_dim, self.kind(), device);
         let padded = unique.iter().any(|p| p.len() < width);
         let batch = Batch { ids, positions: positions_from_valid(&valid), mask: if padded { causal_mask(&valid) } else { Tensor::new() } };
