@@ -185,6 +185,8 @@ metrics! {
         "Share of the last RL step a role waited (learner: 1 - train / step; rollout: 1 - (generate + tools) / (step × rollout actors); reward: 1 - reward / step).";
     generate_seconds: HistogramVec["actor"] buckets prometheus::exponential_buckets(0.005, 2.0, 14).expect("valid buckets") => "rlmesh_generate_seconds",
         "Seconds each rollout request spent generating (prefill and decode, tool execution excluded), per rollout actor.";
+    rollout_prefill_tokens_total: IntCounterVec["kind"] => "rlmesh_rollout_prefill_tokens_total",
+        "Tokens the rollout actors prefilled (kind: new = never computed before for that rollout; recomputed = whose keys and values an earlier turn of the same rollout had computed, prefilled again). A group's shared prompt counts once; with the cache kept across turns, recomputed stays 0.";
     weight_sync_phase_seconds: HistogramVec["phase"] buckets prometheus::exponential_buckets(0.0005, 4.0, 11).expect("valid buckets") => "rlmesh_weight_sync_phase_seconds",
         "Seconds of each policy version per phase where this process did it: send (rank 0's broadcast to the group), receive (a rollout process receiving it), verify (hashing every bucket and comparing with the sender's digests; across processes the hashing is fused into the receive, whose seconds include it), load (into the rollout actor's model).";
     weight_sync_digest_failures_total: IntCounter => "rlmesh_weight_sync_digest_failures_total",
@@ -235,6 +237,9 @@ metrics! {
 
 /// Kinds of learner tokens (`rlmesh_learner_tokens_total{kind}`).
 pub const LEARNER_TOKEN_KINDS: [&str; 2] = ["trained", "computed"];
+
+/// Kinds of prefilled tokens (`rlmesh_rollout_prefill_tokens_total{kind}`).
+pub const PREFILL_KINDS: [&str; 2] = ["new", "recomputed"];
 
 /// Reasons a group is dropped untrained (`rlmesh_groups_dropped_total{reason}`).
 pub const DROP_REASONS: [&str; 4] = ["stale", "run_ended", "uniform", "unscorable"];
@@ -361,6 +366,9 @@ impl Metrics {
         }
         for kind in LEARNER_TOKEN_KINDS {
             self.learner_tokens_total.with_label_values(&[kind]);
+        }
+        for kind in PREFILL_KINDS {
+            self.rollout_prefill_tokens_total.with_label_values(&[kind]);
         }
         for phase in WEIGHT_SYNC_PHASES {
             self.weight_sync_phase_seconds.with_label_values(&[phase]);

@@ -1,7 +1,8 @@
 //! The whole pipeline, short, in every mode: the ledger holds each group
 //! once, no trained group is older than the mode's bound, weights arrive
-//! digest-checked, `/metrics` serves the named series, and a rollout actor
-//! killed mid-run is restarted with its groups re-dispatched.
+//! digest-checked, `/metrics` serves the named series, a rollout actor
+//! killed mid-run is restarted with its groups re-dispatched, and a step's
+//! groups are spread over every rollout actor.
 use rlmesh_actors::controller::recipe::Recipe;
 use rlmesh_actors::controller::run::{run, RunOptions, Summary};
 use serde_json::Value;
@@ -193,4 +194,67 @@ fn a_killed_rollout_actor_is_restarted_and_nothing_is_lost_or_doubled() {
     let groups = ledger(dir.path());
     let redispatched = groups.values().filter(|e| e.iter().any(|x| x == "redispatch")).count();
     assert_eq!(redispatched, 2, "the lost request's two groups are sent out again: {groups:?}");
+}
+
+/// Four rollout actors in the controller's process: every step's groups are
+/// spread over all four (a request used to carry a whole step, so only
+/// `1 + max_staleness` actors worked), the ledger still trains each group
+/// exactly once within the mode's bound, and the rollout role's idle ratio
+/// and every actor's requests are on `/metrics`.
+#[test]
+fn every_rollout_actor_works_on_every_step() {
+    const ACTORS: usize = 4;
+    let rt = tokio::runtime::Runtime::new().unwrap();
+    for (mode, bound) in [("sync", 0u64), ("one_step_off", 1)] {
+        let dir = tempfile::tempdir().unwrap();
+        let mut opts = options(dir.path(), mode, None);
+        opts.rollout_actors = ACTORS;
+        opts.recipe.rl.groups_per_step = ACTORS;
+        opts.recipe.rl.max_new_tokens = 12;
+        let d = dir.path().to_path_buf();
+        // Scrape /metrics once the first step's record is written.
+        let scraper = std::thread::spawn(move || {
+            for _ in 0..3000 {
+                let status = std::fs::read_to_string(d.join("status.json")).ok().and_then(|t| serde_json::from_str::<Value>(&t).ok());
+                if let Some(v) = status.filter(|v| v["phase"] == "rl" && v["step"].as_u64().is_some_and(|s| s >= 1)) {
+                    return Some(http_get(v["metrics_addr"].as_str().unwrap(), "/metrics"));
+                }
+                std::thread::sleep(std::time::Duration::from_millis(50));
+            }
+            None
+        });
+        let summary = rt.block_on(run(opts)).unwrap();
+        assert_eq!(summary.steps, 3);
+        let groups = ledger(dir.path());
+        for (g, events) in &groups {
+            let ends = events.iter().filter(|e| *e == "trained" || *e == "dropped").count();
+            assert_eq!(ends, 1, "{mode}: group {g}: {events:?}");
+            assert_eq!(events.iter().filter(|e| *e == "dispatch").count(), 1, "{mode}: group {g}: {events:?}");
+        }
+        let trained = groups.values().filter(|e| e.iter().any(|x| x == "trained")).count();
+        assert_eq!(trained, 3 * ACTORS, "{mode}: every step trained its {ACTORS} groups");
+        let steps: Vec<Value> = std::fs::read_to_string(dir.path().join("metrics.jsonl")).unwrap().lines().map(|l| serde_json::from_str(l).unwrap()).collect();
+        assert_eq!(steps.len(), 3);
+        for r in &steps {
+            assert!(r["staleness_max"].as_u64().unwrap() <= bound, "{mode}: {r}");
+            if mode == "sync" {
+                // A sync step's groups are all out at once: one to each actor.
+                assert_eq!(r["rollout_actors_answering"], ACTORS, "{mode}: step {} answered by fewer than every actor", r["step"]);
+            }
+        }
+        // Each actor generated for training (the evaluation's requests are not counted here).
+        let tokens = &summary.counters.generated_tokens;
+        for i in 0..ACTORS {
+            assert!(tokens.get(&format!("rollout-{i}")).is_some_and(|&n| n > 0), "{mode}: rollout-{i} generated nothing: {tokens:?}");
+        }
+        let body = scraper.join().unwrap().expect("the run reached its first RL step and served /metrics");
+        let idle: f64 = body
+            .lines()
+            .find_map(|l| l.strip_prefix("rlmesh_idle_ratio{actor_role=\"rollout\"} "))
+            .and_then(|v| v.trim().parse().ok())
+            .unwrap_or_else(|| panic!("no rollout idle ratio on /metrics:\n{body}"));
+        assert!((0.0..1.0).contains(&idle), "{mode}: the rollout actors worked during the step: idle ratio {idle}");
+        let per_actor = body.lines().filter(|l| l.starts_with("rlmesh_generate_seconds_count{actor=\"rollout-")).count();
+        assert_eq!(per_actor, ACTORS, "{mode}: every actor's requests are timed:\n{body}");
+    }
 }

@@ -305,3 +305,31 @@ fn bad_config_is_refused_naming_the_field() {
     let err = rollout_groups(&model, &tk, &registry(), &[(1, unknown)], &greedy(), VERSION, 0).unwrap_err();
     assert!(err.to_string().contains("environment \"garden\" is not configured"), "{err}");
 }
+
+/// The cache kept across turns against the per-turn path (every turn
+/// prefilled whole): the same trajectories, token for token and log-prob for
+/// log-prob at temperature 0; only the tool results and template glue are
+/// prefilled after the first turn, where the per-turn path prefills every
+/// earlier token again.
+#[test]
+fn kept_kv_gives_the_per_turn_paths_rollouts_without_recomputing() {
+    let (model, tk) = (policy(), tokenizer());
+    let tasks: Vec<(u64, Task)> = targets().into_iter().enumerate().map(|(i, (t, _))| (100 + i as u64, t)).collect();
+    let kept = rlmesh_actors::rollout::rollout_groups_timed(&model, &tk, &registry(), &tasks, &greedy(), VERSION, 7).unwrap();
+    let per_turn = RolloutConfig { keep_kv: false, ..greedy() };
+    let again = rlmesh_actors::rollout::rollout_groups_timed(&model, &tk, &registry(), &tasks, &per_turn, VERSION, 7).unwrap();
+    let turns = |gs: &[Group]| gs.iter().flat_map(|g| &g.trajectories).map(|t| t.steps.len()).sum::<usize>();
+    assert!(turns(&kept.0) >= 4, "the tasks call tools, so later turns continue kept rows");
+    for (a, b) in kept.0.iter().zip(&again.0) {
+        for (x, y) in a.trajectories.iter().zip(&b.trajectories) {
+            assert_eq!(x.token_ids, y.token_ids, "task {}", a.task.id);
+            assert_eq!(x.loss_mask, y.loss_mask);
+            let diff = x.logprobs.iter().zip(&y.logprobs).map(|(p, q)| (p - q).abs()).fold(0.0f32, f32::max);
+            assert!(diff < 1e-3, "task {}: log-probs differ by {diff}", a.task.id);
+        }
+    }
+    let (k, p) = (kept.1.prefill, again.1.prefill);
+    assert_eq!(k.recomputed, 0, "{k:?}");
+    assert!(p.recomputed > 0, "{p:?}");
+    assert_eq!(k.new, p.new, "both prefill the same new tokens: {k:?} {p:?}");
+}

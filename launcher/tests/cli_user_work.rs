@@ -35,7 +35,7 @@ fn bad_files_are_refused_naming_file_line_and_field_with_nothing_created() {
     long.push_str(&"x".repeat(17 << 20));
     long.push_str("\"}\n");
     let cases: Vec<(&str, Vec<u8>, &str)> = vec![
-        ("missing.jsonl", format!("{good}{{\"answer\": \"5\"}}\n").into_bytes(), "missing.jsonl:2: field \"prompt\""),
+        ("missing.jsonl", format!("{good}{{\"answer\": \"5\"}}\n").into_bytes(), "missing.jsonl:2: missing field \"prompt\""),
         ("wrong_type.jsonl", format!("{good}{good}{{\"prompt\": \"p\", \"requires_tool\": \"yes\"}}\n").into_bytes(), "wrong_type.jsonl:3: field \"requires_tool\": expected a boolean"),
         ("empty.jsonl", Vec::new(), "empty.jsonl: "),
         ("long.jsonl", format!("{good}{long}").into_bytes(), "long.jsonl:2"),

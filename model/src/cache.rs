@@ -76,4 +76,25 @@ impl KvCache {
             capacity: self.capacity,
         }
     }
+
+    /// Row `row`'s slots `[start, start + len)` of every layer, copied out of
+    /// this cache (`[1, kv_heads, len, head_dim]` per layer): keys, then values.
+    pub(crate) fn copy_row(&self, row: i64, start: usize, len: usize) -> (Vec<Tensor>, Vec<Tensor>) {
+        let out = |t: &Tensor| t.narrow(0, row, 1).narrow(2, start as i64, len as i64).copy();
+        (self.keys.iter().map(out).collect(), self.values.iter().map(out).collect())
+    }
+
+    /// Writes per-layer keys and values (`[1, kv_heads, len, head_dim]`, their
+    /// first `len` slots) into row `row` from slot `at`.
+    pub(crate) fn write_row(&mut self, row: i64, at: usize, len: usize, keys: &[Tensor], values: &[Tensor]) {
+        for (dst, src) in self.keys.iter_mut().zip(keys).chain(self.values.iter_mut().zip(values)) {
+            dst.narrow(0, row, 1).narrow(2, at as i64, len as i64).copy_(&src.narrow(2, 0, len as i64));
+        }
+    }
+
+    /// Marks the first `len` slots of every row as filled (after [`KvCache::write_row`]).
+    pub(crate) fn set_len(&mut self, len: usize) {
+        assert!(len <= self.capacity, "{len} slots filled of {}", self.capacity);
+        self.len = len;
+    }
 }

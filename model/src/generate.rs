@@ -80,34 +80,15 @@ impl Transformer {
         if prompts.is_empty() {
             return Ok(vec![]);
         }
-        for (i, p) in prompts.iter().enumerate() {
-            if p.is_empty() {
-                return Err(ModelError::Input(format!("prompt {i} is empty")));
-            }
-            self.check_ids(p)?;
-        }
-        if !params.stop_strings.is_empty() && tokenizer.is_none() {
-            return Err(ModelError::Input("stop strings need a tokenizer".into()));
-        }
-        if params.temperature < 0.0 || !(0.0..=1.0).contains(&params.top_p) || params.top_p == 0.0 {
-            return Err(ModelError::Input(format!("bad sampling parameters: temperature {} top_p {}", params.temperature, params.top_p)));
+        let (longest, max_new) = self.check_request(prompts, params, tokenizer)?;
+        if max_new == 0 {
+            return Ok(prompts.iter().map(|_| Completion { tokens: vec![], logprobs: vec![], finish: FinishReason::Length }).collect());
         }
         let device = self.device();
         let b = prompts.len();
-        let longest = prompts.iter().map(Vec::len).max().unwrap_or(0);
-        let limit = self.config.max_position_embeddings as usize;
-        if longest >= limit {
-            return Err(ModelError::Input(format!("prompt of {longest} tokens does not fit the context of {limit}")));
-        }
-        let max_new = params.max_new_tokens.min(limit - longest);
-        let mut results: Vec<Completion> =
-            prompts.iter().map(|_| Completion { tokens: vec![], logprobs: vec![], finish: FinishReason::Length }).collect();
-        if max_new == 0 {
-            return Ok(results);
-        }
         // The sampler's own generator: deterministic for a seed whatever other threads do with libtorch's global one.
         let mut rng = params.seed ^ 0x2545_F491_4F6C_DD1D;
-        tch::no_grad(|| -> Result<()> {
+        tch::no_grad(|| -> Result<Vec<Completion>> {
             // Prefill each distinct prompt once, then share its cache rows.
             let mut unique: Vec<&Vec<u32>> = vec![];
             let mut first: HashMap<&Vec<u32>, i64> = HashMap::new();
@@ -128,81 +109,128 @@ impl Transformer {
             let batch = Batch { ids: ids.shallow_clone(), positions: positions_from_valid(&valid), mask: if padded { causal_mask(&valid) } else { Tensor::new() } };
             let hidden = self.hidden_states(&batch, Some(&mut cache))?;
             let logits_u = hidden.narrow(1, longest as i64 - 1, 1).squeeze_dim(1).linear::<Tensor>(self.lm_head(), None);
-            let (mut cache, logits, valid, mut positions) = if unique.len() == b {
+            let start = if unique.len() == b {
                 let last = positions_from_valid(&valid).narrow(1, longest as i64 - 1, 1);
-                (cache, logits_u, valid, last)
+                DecodeStart { cache, logits: logits_u, valid, padded, positions: last, width: longest, max_new }
             } else {
                 let index = Tensor::from_slice(&row_of).to_device(device);
                 let v = valid.index_select(0, &index);
                 let last = positions_from_valid(&v).narrow(1, longest as i64 - 1, 1);
-                (cache.select_rows(&index), logits_u.index_select(0, &index), v, last)
+                DecodeStart { cache: cache.select_rows(&index), logits: logits_u.index_select(0, &index), valid: v, padded, positions: last, width: longest, max_new }
             };
-            // The fused decode step where the engine asks for it and it applies (see `fused`).
-            let mut fused = if device == Device::Cpu && max_new > 1 && engine == DecodeEngine::Fused {
-                FusedDecoder::new(self, &cache, padded.then_some(&valid))?
-            } else {
-                None
+            Ok(self.decode(start, params, tokenizer, engine, &mut rng)?.0)
+        })
+    }
+
+    /// Checks a request (ids in the vocabulary, no empty prompt, sampling
+    /// parameters in range, a tokenizer for stop strings) and returns its
+    /// longest prompt and the new tokens that fit the context after it.
+    pub(crate) fn check_request(&self, prompts: &[Vec<u32>], params: &SamplingParams, tokenizer: Option<&Tokenizer>) -> Result<(usize, usize)> {
+        for (i, p) in prompts.iter().enumerate() {
+            if p.is_empty() {
+                return Err(ModelError::Input(format!("prompt {i} is empty")));
+            }
+            self.check_ids(p)?;
+        }
+        if !params.stop_strings.is_empty() && tokenizer.is_none() {
+            return Err(ModelError::Input("stop strings need a tokenizer".into()));
+        }
+        if params.temperature < 0.0 || !(0.0..=1.0).contains(&params.top_p) || params.top_p == 0.0 {
+            return Err(ModelError::Input(format!("bad sampling parameters: temperature {} top_p {}", params.temperature, params.top_p)));
+        }
+        let longest = prompts.iter().map(Vec::len).max().unwrap_or(0);
+        let limit = self.config.max_position_embeddings as usize;
+        if longest >= limit {
+            return Err(ModelError::Input(format!("prompt of {longest} tokens does not fit the context of {limit}")));
+        }
+        Ok((longest, params.max_new_tokens.min(limit - longest)))
+    }
+
+    /// The decode steps after a prefill: each row's tokens until its stop, and the cache they filled.
+    pub(crate) fn decode(&self, start: DecodeStart, params: &SamplingParams, tokenizer: Option<&Tokenizer>, engine: DecodeEngine, rng: &mut u64) -> Result<(Vec<Completion>, KvCache)> {
+        let DecodeStart { mut cache, logits, valid, padded, mut positions, width, max_new } = start;
+        let device = self.device();
+        let b = cache.batch();
+        let mut results: Vec<Completion> = (0..b).map(|_| Completion { tokens: vec![], logprobs: vec![], finish: FinishReason::Length }).collect();
+        // The fused decode step where the engine asks for it and it applies (see `fused`).
+        let mut fused = if device == Device::Cpu && max_new > 1 && engine == DecodeEngine::Fused {
+            FusedDecoder::new(self, &cache, padded.then_some(&valid))?
+        } else {
+            None
+        };
+        let mut positions_host = if fused.is_some() { Vec::<i64>::try_from(positions.view([-1]))? } else { vec![] };
+        // Key slots a decode step may attend, built once: the prompt's padding is masked,
+        // every generated slot is open (a finished row keeps decoding; its tokens are dropped).
+        let slots = padded.then(|| Tensor::cat(&[valid, Tensor::ones([b as i64, max_new as i64], (Kind::Bool, device))], 1));
+        // The output projection packed once for this call's decode steps where that is exact (see `packed`).
+        let mut head = DecodeHead::new(self.lm_head(), b as i64, max_new);
+        let mut done = vec![false; b];
+        let stop_ids: Vec<u32> = params.stop_token_ids.clone();
+        // What the next step picks from: the prefill's logits, then each step's hidden states.
+        let mut hidden: Option<Tensor> = None;
+        for step in 0..max_new {
+            let (next_host, logp_host) = match &hidden {
+                None => pick(&logits, params, rng)?,
+                Some(h) => match (params.temperature == 0.0).then(|| head.greedy(h)).flatten() {
+                    Some(picked) => picked,
+                    None => pick(&head.logits(h), params, rng)?,
+                },
             };
-            let mut positions_host = if fused.is_some() { Vec::<i64>::try_from(positions.view([-1]))? } else { vec![] };
-            // Key slots a decode step may attend, built once: the prompt's padding is masked,
-            // every generated slot is open (a finished row keeps decoding; its tokens are dropped).
-            let slots = padded.then(|| Tensor::cat(&[valid, Tensor::ones([b as i64, max_new as i64], (Kind::Bool, device))], 1));
-            // The output projection packed once for this call's decode steps where that is exact (see `packed`).
-            let mut head = DecodeHead::new(self.lm_head(), b as i64, max_new);
-            let mut done = vec![false; b];
-            let stop_ids: Vec<u32> = params.stop_token_ids.clone();
-            // What the next step picks from: the prefill's logits, then each step's hidden states.
-            let mut hidden: Option<Tensor> = None;
-            for step in 0..max_new {
-                let (next_host, logp_host) = match &hidden {
-                    None => pick(&logits, params, &mut rng)?,
-                    Some(h) => match (params.temperature == 0.0).then(|| head.greedy(h)).flatten() {
-                        Some(picked) => picked,
-                        None => pick(&head.logits(h), params, &mut rng)?,
-                    },
-                };
-                for i in 0..b {
-                    if done[i] {
-                        continue;
-                    }
-                    let tok = next_host[i] as u32;
-                    let r = &mut results[i];
-                    r.tokens.push(tok);
-                    r.logprobs.push(logp_host[i]);
-                    if stop_ids.contains(&tok) {
-                        r.finish = FinishReason::StopToken;
-                        done[i] = true;
-                    } else if let (Some(tk), false) = (tokenizer, params.stop_strings.is_empty()) {
-                        let text = tk.decode(&r.tokens, false)?;
-                        if params.stop_strings.iter().any(|s| text.contains(s.as_str())) {
-                            r.finish = FinishReason::StopString;
-                            done[i] = true;
-                        }
-                    }
-                }
-                if step + 1 == max_new || done.iter().all(|&d| d) {
-                    break;
-                }
-                // Feed the sampled tokens.
-                if let Some(fused) = fused.as_mut() {
-                    positions_host.iter_mut().for_each(|p| *p += 1);
-                    hidden = Some(fused.step(&next_host, &positions_host, &mut cache)?.shallow_clone());
+            for i in 0..b {
+                if done[i] {
                     continue;
                 }
-                positions = &positions + 1;
-                let s = (longest + step + 1) as i64;
-                let mask = slots.as_ref().map_or_else(Tensor::new, |m| m.narrow(1, 0, s).view([b as i64, 1, 1, s]));
-                let next = Tensor::from_slice(&next_host).to_device(device);
-                let batch = Batch { ids: next.unsqueeze(1), positions: positions.shallow_clone(), mask };
-                hidden = Some(self.hidden_states(&batch, Some(&mut cache))?.squeeze_dim(1));
+                let tok = next_host[i] as u32;
+                let r = &mut results[i];
+                r.tokens.push(tok);
+                r.logprobs.push(logp_host[i]);
+                if stop_ids.contains(&tok) {
+                    r.finish = FinishReason::StopToken;
+                    done[i] = true;
+                } else if let (Some(tk), false) = (tokenizer, params.stop_strings.is_empty()) {
+                    let text = tk.decode(&r.tokens, false)?;
+                    if params.stop_strings.iter().any(|s| text.contains(s.as_str())) {
+                        r.finish = FinishReason::StopString;
+                        done[i] = true;
+                    }
+                }
             }
-            Ok(())
-        })?;
-        Ok(results)
+            if step + 1 == max_new || done.iter().all(|&d| d) {
+                break;
+            }
+            // Feed the sampled tokens.
+            if let Some(fused) = fused.as_mut() {
+                positions_host.iter_mut().for_each(|p| *p += 1);
+                hidden = Some(fused.step(&next_host, &positions_host, &mut cache)?.shallow_clone());
+                continue;
+            }
+            positions = &positions + 1;
+            let s = (width + step + 1) as i64;
+            let mask = slots.as_ref().map_or_else(Tensor::new, |m| m.narrow(1, 0, s).view([b as i64, 1, 1, s]));
+            let next = Tensor::from_slice(&next_host).to_device(device);
+            let batch = Batch { ids: next.unsqueeze(1), positions: positions.shallow_clone(), mask };
+            hidden = Some(self.hidden_states(&batch, Some(&mut cache))?.squeeze_dim(1));
+        }
+        Ok((results, cache))
     }
 }
 
-fn left_pad(prompts: &[&Vec<u32>], width: usize, device: Device) -> (Tensor, Tensor) {
+/// Where the decode steps start: a filled cache (`width` slots, a row's tokens
+/// ending at the last), the logits of each row's last token, which of the
+/// `width` slots each row may attend, each row's last position (`[B, 1]`).
+pub(crate) struct DecodeStart {
+    pub(crate) cache: KvCache,
+    pub(crate) logits: Tensor,
+    pub(crate) valid: Tensor,
+    /// Whether any slot of `valid` is padding.
+    pub(crate) padded: bool,
+    pub(crate) positions: Tensor,
+    pub(crate) width: usize,
+    pub(crate) max_new: usize,
+}
+
+/// Prompts left-padded to `width`: ids (0 on padding) and which slots are valid, `[B, width]` each.
+pub(crate) fn left_pad(prompts: &[&Vec<u32>], width: usize, device: Device) -> (Tensor, Tensor) {
     let mut ids = vec![0i64; prompts.len() * width];
     let mut valid = vec![false; prompts.len() * width];
     for (i, p) in prompts.iter().enumerate() {

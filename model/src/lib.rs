@@ -14,7 +14,9 @@
 //! - [`generate`] is the batched generation engine with a preallocated
 //!   [`cache::KvCache`], seeded sampling, stop tokens and strings; on CPU its
 //!   decode steps run in [`fused`], its output projection in [`packed`], and
-//!   greedy picks in [`kernels`]; [`isa`] says which vector extensions those use.
+//!   greedy picks in [`kernels`]; [`isa`] says which vector extensions those use;
+//!   [`kept`] continues each row of a multi-turn rollout from the keys and
+//!   values its previous call left, prefilling only its new tokens.
 //! - [`tokenizer`] wraps `tokenizer.json` and renders the model's chat template
 //!   with minijinja exactly as transformers' `apply_chat_template` does;
 //!   [`template`] checks that a template can carry a tool-calling rollout.
@@ -27,6 +29,7 @@ pub mod fused;
 pub mod generate;
 pub mod io;
 pub mod isa;
+pub mod kept;
 pub mod kernels;
 pub mod layout;
 mod mkl;
@@ -39,5 +42,6 @@ pub mod transformer;
 pub use config::{Architecture, ModelConfig};
 pub use error::{ModelError, Result};
 pub use generate::{Completion, FinishReason, SamplingParams};
+pub use kept::{KeptKv, OnUpdate, PrefillTokens};
 pub use tokenizer::Tokenizer;
 pub use transformer::{Batch, Transformer};

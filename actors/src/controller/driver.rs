@@ -97,6 +97,12 @@ impl Driver {
         self.live().len()
     }
 
+    /// How many rollout actors the run has (live or restarting, here and in
+    /// other processes): what the dispatch is cut for, whatever is up right now.
+    pub(super) fn rollout_slots(&self) -> usize {
+        self.slots.lock().expect("slots lock").len() + self.remote.lock().expect("slots lock").len()
+    }
+
     pub(super) fn live(&self) -> Vec<ActorRef<RolloutMsg>> {
         let local: Vec<ActorRef<RolloutMsg>> = self.slots.lock().expect("slots lock").iter().flatten().cloned().collect();
         local.into_iter().chain(self.remote_live()).filter(|r| r.get_status() == ractor::ActorStatus::Running).collect()
@@ -248,12 +254,12 @@ impl Driver {
     }
 
     /// One rollout per task (greedy, or sampled as in training), spread over
-    /// the rollout actors, scored. A chunk whose actor fails (its process lost)
+    /// every rollout actor ([`eval_chunk`](super::dispatch::eval_chunk) tasks a request), scored. A chunk whose actor fails (its process lost)
     /// goes to another, up to [`Driver::EVAL_TRIES`] times: its seed comes from
     /// the request, so the retry gives the same rollouts.
     pub(super) async fn evaluate(&mut self, tasks: &[Task], seed: u64, greedy: bool) -> Result<Vec<ScoredGroup>, RunError> {
         let mut out = vec![];
-        let chunk = 32;
+        let chunk = super::dispatch::eval_chunk(tasks.len(), self.rollout_slots());
         let purpose = if greedy { Purpose::EvalGreedy } else { Purpose::EvalSampled };
         let mut pending: JoinSet<(RolloutRequest, u32, Result<RolloutResult, String>)> = JoinSet::new();
         let mut todo: Vec<(RolloutRequest, u32)> = tasks

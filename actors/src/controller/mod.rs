@@ -6,6 +6,7 @@
 //! - [`recipe`] — `configs/*.toml`: model, tasks, tools, reward, estimator, SFT and RL settings;
 //! - [`ledger`] — the durable record that trains every prompt group exactly once;
 //! - [`staleness`] — which scored groups the learner may train on, per mode;
+//! - [`dispatch`] — how rollout work is cut into requests and spread over every rollout actor;
 //! - [`source`] — TOML loading whose errors name the file, line and field;
 //! - [`status`] — `RUN_DIR/status.json`, written by the job, read by `launcher status`/`down`;
 //! - [`run_dir`] — a run directory's owner: the lock the live job holds.
@@ -19,6 +20,7 @@
 //! is the controller's handle on its actors, `error` says why a run stopped.
 pub mod batch;
 pub mod discovery;
+pub mod dispatch;
 mod driver;
 mod error;
 mod finish;

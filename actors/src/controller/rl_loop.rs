@@ -4,6 +4,7 @@
 //! version is published to the rollout actors. Every group's life is in the
 //! ledger; every step leaves a `metrics.jsonl` row and its rollouts' rows.
 use super::batch::{informative, train_batch, Advantages};
+use super::dispatch::Dispatch;
 use super::driver::Driver;
 use super::ledger::Ledger;
 use super::progress::{eta, Progress};
@@ -89,6 +90,8 @@ pub(super) struct RlLoop<'a> {
     /// Unscorable groups in a row, and the last one's reason: past
     /// [`UNSCORABLE_STEPS`] steps' worth, scoring is broken and the run stops.
     unscorable_run: (usize, String),
+    /// The rollout actors whose answers came in since the last step's record.
+    answered_by: BTreeSet<String>,
 }
 
 impl<'a> RlLoop<'a> {
@@ -126,6 +129,7 @@ impl<'a> RlLoop<'a> {
             rl_first: start.step,
             uniform_dropped: 0,
             unscorable_run: (0, String::new()),
+            answered_by: BTreeSet::new(),
             cx,
         })
     }
@@ -209,19 +213,20 @@ impl<'a> RlLoop<'a> {
         Some(self.ready.drain(..gps).collect())
     }
 
-    /// Keeps the rollout actors `ahead` steps in front of the learner: groups
-    /// out or waiting for `1 + ahead` steps, never more than the steps still
-    /// to train (a stale or lost group is replaced). A request carries a
-    /// step's groups, or only those still missing when dynamic sampling has
-    /// dropped some: a request of a whole step then would leave groups over,
-    /// to go stale behind the next step.
+    /// Keeps every rollout actor busy within the staleness bound: groups out
+    /// or waiting up to the [`Dispatch`] window (at most `1 + ahead` steps,
+    /// never more than the steps still to train; a stale or lost group is
+    /// replaced), in requests of at most [`Dispatch::chunk`] groups, each to
+    /// the least busy actor. A step's groups so go to as many actors as it has
+    /// groups, up to all of them; after dynamic sampling dropped some, only
+    /// those missing go out.
     async fn fill(&mut self, driver: &mut Driver) -> Result<(), RunError> {
         let (recipe, metrics) = (self.cx.recipe, self.cx.metrics);
         let gps = recipe.rl.groups_per_step.max(1);
-        let ahead = recipe.mode().max_staleness() as usize;
-        let wanted = (1 + ahead).min((self.cx.steps - self.step) as usize) * gps;
+        let dispatch = Dispatch::new(gps, recipe.rl.group_size, recipe.mode().max_staleness(), driver.rollout_slots());
+        let wanted = dispatch.wanted(gps, self.cx.steps - self.step);
         while self.inflight_ids.len() + self.ready.len() < wanted {
-            let n = (wanted - self.inflight_ids.len() - self.ready.len()).min(gps);
+            let n = (wanted - self.inflight_ids.len() - self.ready.len()).min(dispatch.chunk);
             let groups = next_groups(n, &mut self.retry, &mut self.ledger, self.cx.train, &mut self.cursor, self.version, metrics)?;
             self.dispatched_requests += 1;
             self.inflight_ids.extend(groups.iter().map(|(id, _)| *id));
@@ -248,6 +253,7 @@ impl<'a> RlLoop<'a> {
         self.phases.generate += res.seconds - res.tool_seconds;
         self.phases.tools += res.tool_seconds;
         let actor = if res.actor.is_empty() { "rollout" } else { res.actor.as_str() };
+        self.answered_by.insert(actor.to_string());
         self.cx.metrics.generated_tokens_total.with_label_values(&[actor]).inc_by(res.generated_tokens as u64);
         let scoring = Instant::now();
         let scored = driver.score(res).await?;
@@ -336,7 +342,8 @@ impl<'a> RlLoop<'a> {
         self.phases.step_seconds = self.last_record.elapsed().as_secs_f64();
         self.last_record = Instant::now();
         let facts = StepFacts { step, version, stats: &stats, admitted: &admitted, gen_tok_s, max_stale, seconds: self.cx.t0.elapsed().as_secs_f64(), phases: &self.phases };
-        let row = step_record(metrics, recipe, &facts);
+        let mut row = step_record(metrics, recipe, &facts);
+        row["rollout_actors_answering"] = serde_json::json!(std::mem::take(&mut self.answered_by).len());
         self.phases.observe(metrics, driver.rollout_actors());
         self.phases = StepPhases::default();
         self.metrics_log.write(&row)?;

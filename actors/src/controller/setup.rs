@@ -270,6 +270,7 @@ impl Roles {
             sampling: SamplingParams { max_new_tokens: recipe.rl.max_new_tokens, temperature: recipe.rl.temperature, ..Default::default() },
             system_prompt: None,
             tool_format: recipe.model.tool_format,
+            keep_kv: true,
         };
         let reward = RewardSpec {
             kind: recipe.reward,

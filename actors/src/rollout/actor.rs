@@ -165,6 +165,9 @@ impl Actor for RolloutActor {
                         let seconds = t.elapsed().as_secs_f64();
                         if let Some(m) = &metrics {
                             m.generate_seconds.with_label_values(&[&actor]).observe(seconds - timing.tools_seconds);
+                            let [new, recomputed] = crate::metrics::PREFILL_KINDS;
+                            m.rollout_prefill_tokens_total.with_label_values(&[new]).inc_by(timing.prefill.new as u64);
+                            m.rollout_prefill_tokens_total.with_label_values(&[recomputed]).inc_by(timing.prefill.recomputed as u64);
                         }
                         Ok(RolloutResult { groups, version: d.version, generated_tokens, seconds, tool_seconds: timing.tools_seconds, actor, scored: None })
                     })

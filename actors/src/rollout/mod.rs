@@ -6,7 +6,9 @@
 //! the chat template with `tools = session.schemas()`. Then, turn by turn:
 //!
 //! 1. **generate** — one batched `generate` call per turn covers every live
-//!    rollout of every group (the engine prefills identical prompts once);
+//!    rollout of every group (the engine prefills identical prompts once, and
+//!    continues each rollout from the keys and values its earlier turns left,
+//!    so a turn prefills only its tool result and template glue);
 //! 2. **parse** — the turn's text (without its stop token) is split into
 //!    content and `<tool_call>` blocks by the rollout's [`ToolSession`](rlmesh_core::tools::ToolSession);
 //! 3. **execute** — every block runs in order under the registry's
@@ -70,6 +72,11 @@ pub struct RolloutConfig {
     /// How the model writes tool calls (the recipe's `[model] tool_format`).
     #[serde(default)]
     pub tool_format: rlmesh_core::tools::ToolFormat,
+    /// Each turn continues from the keys and values of the rollout's previous
+    /// turns, prefilling only the tool result and template glue (default); off,
+    /// every turn prefills the whole conversation again (the per-turn path,
+    /// kept to measure against).
+    pub keep_kv: bool,
 }
 
 impl Default for RolloutConfig {
@@ -81,6 +88,7 @@ impl Default for RolloutConfig {
             sampling: SamplingParams::default(),
             system_prompt: None,
             tool_format: Default::default(),
+            keep_kv: true,
         }
     }
 }

@@ -1,9 +1,12 @@
-//! The batched tool loop: one `generate` call per turn over every live rollout.
+//! The batched tool loop: one `generate` call per turn over every live
+//! rollout, each continuing from the keys and values its previous turn left
+//! (`RolloutConfig::keep_kv`), or prefilled whole each turn.
 use super::conversation::Conversation;
 use super::{RolloutConfig, RolloutError};
 use rlmesh_core::tools::{ParsedCall, ToolRegistry};
 use rlmesh_core::{Group, Step, Task, Trajectory};
-use rlmesh_model::{SamplingParams, Tokenizer, Transformer};
+use rlmesh_model::fused::DecodeEngine;
+use rlmesh_model::{Completion, KeptKv, ModelError, OnUpdate, PrefillTokens, SamplingParams, Tokenizer, Transformer};
 
 /// Samples `cfg.group_size` trajectories for each `(group id, task)`, every
 /// generated token stamped with policy `version`; groups come back in the order of `tasks`.
@@ -25,6 +28,8 @@ pub struct ToolLoopTiming {
     /// Executing tool calls and appending their results to the contexts (the
     /// rollouts of a turn side by side, so this is wall time, not the calls' sum).
     pub tools_seconds: f64,
+    /// Tokens the engine prefilled, new and recomputed (a group's shared prompt once).
+    pub prefill: PrefillTokens,
 }
 
 /// [`rollout_groups`], also returning where the wall time went.
@@ -107,6 +112,7 @@ fn rollouts(
         }
     }
     let context = usize::try_from(model.config.max_position_embeddings).unwrap_or(usize::MAX);
+    let mut kv = TurnKv::new(convs.len(), cfg.keep_kv);
     for turn in 1..=cfg.max_turns {
         // Who generates this turn, and how many tokens each may take.
         let mut live = Vec::new();
@@ -127,12 +133,16 @@ fn rollouts(
             ..cfg.sampling.clone()
         };
         let prefixes: Vec<Vec<u32>> = live.iter().map(|&(i, _)| convs[i].ids().to_vec()).collect();
-        let completions = model
-            .generate(&prefixes, &params, Some(tokenizer))
+        let rows: Vec<usize> = live.iter().map(|&(i, _)| i).collect();
+        let completions = kv
+            .generate(model, tokenizer, &rows, &prefixes, &params, version, &mut timing.prefill)
             .map_err(|source| RolloutError::Generate { turn, rollouts: live.len(), source })?;
         let mut pending: Vec<Option<Vec<ParsedCall>>> = (0..convs.len()).map(|_| None).collect();
         for (&(i, limit), completion) in live.iter().zip(completions) {
             pending[i] = convs[i].record_turn(completion, limit, version, tokenizer)?;
+            if convs[i].stop.is_some() {
+                kv.forget(i);
+            }
         }
         let tools = std::time::Instant::now();
         let steps = execute_concurrently(&mut convs, pending);
@@ -145,6 +155,61 @@ fn rollouts(
         timing.tools_seconds += tools.elapsed().as_secs_f64();
     }
     convs.into_iter().map(|c| c.finish(tokenizer)).collect()
+}
+
+/// What each rollout's next turn continues from: the keys and values its
+/// last turn left (with `keep`), or, prefilled whole each turn, how many of
+/// its tokens had been computed (to count them as recomputed).
+struct TurnKv {
+    keep: bool,
+    kept: Vec<Option<KeptKv>>,
+    computed: Vec<usize>,
+}
+
+impl TurnKv {
+    fn new(rollouts: usize, keep: bool) -> TurnKv {
+        TurnKv { keep, kept: (0..rollouts).map(|_| None).collect(), computed: vec![0; rollouts] }
+    }
+
+    /// One turn of the rollouts `rows` (their whole contexts `prompts`), counting what was prefilled into `prefill`.
+    #[allow(clippy::too_many_arguments)]
+    fn generate(
+        &mut self,
+        model: &Transformer,
+        tokenizer: &Tokenizer,
+        rows: &[usize],
+        prompts: &[Vec<u32>],
+        params: &SamplingParams,
+        version: u64,
+        prefill: &mut PrefillTokens,
+    ) -> Result<Vec<Completion>, ModelError> {
+        if self.keep {
+            let mut kept: Vec<Option<KeptKv>> = rows.iter().map(|&i| self.kept[i].take()).collect();
+            let (out, counts) = model.generate_kept(prompts, &mut kept, version, OnUpdate::Keep, params, Some(tokenizer), DecodeEngine::from_env())?;
+            for (&i, k) in rows.iter().zip(kept) {
+                self.kept[i] = k;
+            }
+            prefill.add(counts);
+            return Ok(out);
+        }
+        // The engine prefills identical prompts once (a group's first turn).
+        let mut seen = std::collections::HashSet::new();
+        for (&i, p) in rows.iter().zip(prompts) {
+            if self.computed[i] > 0 || seen.insert(p) {
+                prefill.add(PrefillTokens::of(p.len(), self.computed[i], 0));
+            }
+        }
+        let out = model.generate(prompts, params, Some(tokenizer))?;
+        for ((&i, p), c) in rows.iter().zip(prompts).zip(&out) {
+            self.computed[i] = p.len() + c.tokens.len().saturating_sub(1);
+        }
+        Ok(out)
+    }
+
+    /// A rollout that ended: its keys and values are let go.
+    fn forget(&mut self, i: usize) {
+        self.kept[i] = None;
+    }
 }
 
 /// Executes each rollout's pending calls, the rollouts side by side (a

@@ -34,6 +34,8 @@ enum Bench {
     Pack(super::bench_pack::PackArgs),
     /// RL-phase steps/s of one recipe on local (one process) vs local-procs (six), in alternating rounds.
     Pipeline(super::bench_pipeline::PipelineArgs),
+    /// Multi-turn rollouts of a long-tailed mix: the cache kept across turns vs per-turn batching (every turn prefilled whole), in alternating rounds.
+    Rollout(super::bench_rollout::RolloutArgs),
     /// Whole RL steps of one recipe vs TRL's GRPOTrainer on the same work (weights, prompts, tools, reward), in alternating rounds.
     Grpo(super::bench_grpo::GrpoArgs),
 }
@@ -164,6 +166,7 @@ pub fn run(a: BenchArgs) -> CliResult {
         Bench::Pack(p) => super::bench_pack::pack_bench(p),
         Bench::Pipeline(p) => super::bench_pipeline::pipeline(p),
         Bench::Grpo(g) => super::bench_grpo::grpo(g),
+        Bench::Rollout(r) => super::bench_rollout::rollout(r),
     }
 }
 

@@ -3,6 +3,7 @@ pub mod bench;
 pub mod bench_grpo;
 pub mod bench_pack;
 pub mod bench_pipeline;
+pub mod bench_rollout;
 pub mod chat;
 pub mod inspect;
 pub mod k8s;
