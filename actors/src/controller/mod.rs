@@ -25,6 +25,7 @@ mod finish;
 pub mod init;
 mod journal;
 pub mod ledger;
+pub mod memory;
 pub mod plan;
 mod progress;
 pub mod recipe;

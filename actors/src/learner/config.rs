@@ -103,6 +103,95 @@ impl Default for AdamWConfig {
     }
 }
 
+/// How the learner's state is split across its data-parallel ranks (ZeRO stages).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Shard {
+    /// Every rank holds everything: parameters, gradients, AdamW's moments.
+    #[default]
+    None,
+    /// ZeRO-1: AdamW's moments and float32 master weights split across ranks.
+    Optimizer,
+    /// ZeRO-2: as `optimizer`, and gradients reduce-scattered instead of all-reduced.
+    Gradients,
+    /// ZeRO-3 / FSDP: parameters split too, each layer gathered for its use.
+    Full,
+}
+
+impl Shard {
+    /// The name a recipe spells.
+    pub fn name(self) -> &'static str {
+        match self {
+            Shard::None => "none",
+            Shard::Optimizer => "optimizer",
+            Shard::Gradients => "gradients",
+            Shard::Full => "full",
+        }
+    }
+
+    /// Whether AdamW's state is split across ranks.
+    pub fn splits_optimizer(self) -> bool {
+        self != Shard::None
+    }
+}
+
+/// The dtype the learner keeps its parameters and computes in.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub enum Precision {
+    /// float32 everywhere.
+    #[default]
+    #[serde(rename = "float32")]
+    Float32,
+    /// bfloat16 parameters and compute; float32 gradients, master weights and moments.
+    #[serde(rename = "bf16")]
+    Bf16,
+}
+
+impl Precision {
+    /// The name a recipe spells.
+    pub fn name(self) -> &'static str {
+        match self {
+            Precision::Float32 => "float32",
+            Precision::Bf16 => "bf16",
+        }
+    }
+
+    /// Bytes per parameter (and per activation element).
+    pub fn bytes(self) -> u64 {
+        match self {
+            Precision::Float32 => 4,
+            Precision::Bf16 => 2,
+        }
+    }
+
+    /// The libtorch kind.
+    pub fn kind(self) -> tch::Kind {
+        match self {
+            Precision::Float32 => tch::Kind::Float,
+            Precision::Bf16 => tch::Kind::BFloat16,
+        }
+    }
+}
+
+/// Which combinations of `shard`, `dtype` and `checkpoint_activations` this
+/// build implements: `Err((field, why))` names the first field asking for more.
+/// A recipe and a learner both refuse the rest, so nothing is silently ignored.
+pub fn check_implemented(shard: Shard, dtype: Precision, checkpoint_activations: bool) -> std::result::Result<(), (&'static str, String)> {
+    if shard == Shard::Full {
+        return Err(("shard", "\"full\" (ZeRO-3: parameters split too) is not implemented yet (implemented: \"none\")".into()));
+    }
+    if shard != Shard::None {
+        return Err(("shard", format!("\"{}\" is not implemented yet (implemented: \"none\")", shard.name())));
+    }
+    if dtype != Precision::Float32 {
+        return Err(("dtype", format!("\"{}\" is not implemented yet (implemented: \"float32\")", dtype.name())));
+    }
+    if checkpoint_activations {
+        return Err(("checkpoint_activations", "true is not implemented yet (recomputing each decoder layer in the backward)".into()));
+    }
+    Ok(())
+}
+
 /// Everything the learner needs to know.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 #[serde(default)]
@@ -156,6 +245,12 @@ pub struct LearnerConfig {
     pub bucket_bytes: usize,
     /// Checkpoints kept on disk.
     pub keep_checkpoints: usize,
+    /// How state is split across data-parallel ranks.
+    pub shard: Shard,
+    /// Parameter and compute dtype.
+    pub dtype: Precision,
+    /// Recompute each decoder layer's activations in the backward instead of keeping them.
+    pub checkpoint_activations: bool,
 }
 
 impl Default for LearnerConfig {
@@ -182,6 +277,9 @@ impl Default for LearnerConfig {
             seed: 0,
             bucket_bytes: rlmesh_comm::DEFAULT_BUCKET_BYTES,
             keep_checkpoints: 3,
+            shard: Shard::None,
+            dtype: Precision::Float32,
+            checkpoint_activations: false,
         }
     }
 }
@@ -220,6 +318,9 @@ impl LearnerConfig {
         }
         if self.clip.dual_clip.is_some_and(|c| c <= 1.0) {
             return bad("clip.dual_clip", "must be > 1");
+        }
+        if let Err((field, message)) = check_implemented(self.shard, self.dtype, self.checkpoint_activations) {
+            return Err(LearnerError::Config { field, message });
         }
         if self.bucket_bytes < 4 {
             return bad("bucket_bytes", "must hold at least one float");

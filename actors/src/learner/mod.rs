@@ -56,7 +56,7 @@ pub mod value;
 
 pub use batch::{SftBatch, SftSequence, TrainBatch, TrainSequence};
 pub use checkpoint::{list_checkpoints, CheckpointMeta, Resumed};
-pub use config::{AdamWConfig, GaeConfig, KlCoef, KlConfig, KlPlacement, LearnerConfig, LrSchedule, ValueConfig};
+pub use config::{AdamWConfig, GaeConfig, KlCoef, KlConfig, KlPlacement, LearnerConfig, LrSchedule, Precision, Shard, ValueConfig};
 pub use error::{LearnerError, Result, GROUP_BROKEN};
 pub use loss::{Aggregation, ClipParams, KlEstimator};
 pub use trainer::{Learner, RatioStats, StepStats};
