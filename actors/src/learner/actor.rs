@@ -135,8 +135,8 @@ impl Actor for LearnerActor {
                 let _ = reply.send(out);
             }
             LearnerMsg::Checkpoint(root, meta, reply) => {
-                // Ranks hold identical state after every step: rank 0 writes for all.
-                let out = device.run(move |l| if l.rank().0 == 0 { l.save_checkpoint(&root, &meta).map_err(|e| e.to_string()) } else { Ok(root) }).await?;
+                // Every rank: rank 0 writes the checkpoint, and with sharded state each rank its own optimizer file.
+                let out = device.run(move |l| l.save_checkpoint(&root, &meta).map_err(|e| e.to_string())).await?;
                 let _ = reply.send(out);
             }
             LearnerMsg::Resume(root, config, reply) => {

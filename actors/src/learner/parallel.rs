@@ -6,7 +6,8 @@
 //! legacy default stream, the stream libtorch computes on (NCCL), so no copy
 //! to the host is made.
 use super::error::Result;
-use rlmesh_comm::{Buf, Collective, DType, ReduceOp};
+use super::optim::{AdamW, ParamSet};
+use rlmesh_comm::{all_gather_sharded, reduce_scatter_sharded, Buf, Collective, DType, ReduceOp, ShardLayout};
 use tch::{Device, Kind, Tensor};
 
 /// A communicator plus the device whose memory it reduces.
@@ -55,6 +56,59 @@ impl DataParallel {
             off += len;
         }
         Ok(())
+    }
+
+    /// ZeRO-2: reduce-scatters the flat float32 gradients by `layout`'s buckets, in
+    /// place: this rank's owned ranges hold the sums; the rest is scratch.
+    pub(crate) fn reduce_scatter_flat(&mut self, flat: &Tensor, layout: &ShardLayout) -> Result<()> {
+        // SAFETY: as `whole`'s contract; `flat` outlives the call and nothing else touches it.
+        let buf = unsafe { self.whole(flat) };
+        Ok(reduce_scatter_sharded(self.comm.as_mut(), buf, layout, ReduceOp::Sum)?)
+    }
+
+    /// After a sharded update: every rank's owned elements reach every rank. The
+    /// flat gradient buffer (spent by now) carries them: this rank's parameters
+    /// are copied into its owned ranges, the buffer is all-gathered by bucket,
+    /// and every other rank's ranges are copied out into the parameters.
+    pub(crate) fn gather_parameters(&mut self, params: &ParamSet, optim: &AdamW) -> Result<()> {
+        let (flat, layout) = (&params.grads, &optim.layout);
+        tch::no_grad(|| {
+            for s in optim.segments() {
+                flat.narrow(0, s.flat as i64, s.len as i64).copy_(&params.flat_param(s.param).narrow(0, s.at as i64, s.len as i64));
+            }
+        });
+        // SAFETY: as `whole`'s contract; `flat` outlives the call and nothing else touches it.
+        let buf = unsafe { self.whole(flat) };
+        all_gather_sharded(self.comm.as_mut(), buf, layout)?;
+        tch::no_grad(|| {
+            for r in (0..layout.world).filter(|&r| r != optim.rank) {
+                for s in params.segments(&layout.owned(r)) {
+                    params.flat_param(s.param).narrow(0, s.at as i64, s.len as i64).copy_(&flat.narrow(0, s.flat as i64, s.len as i64));
+                }
+            }
+        });
+        Ok(())
+    }
+
+    /// All of a flat contiguous float32 tensor on the learner's device, as a collective's buffer.
+    ///
+    /// # Safety
+    /// The tensor must outlive the returned buffer's use, and nothing else may touch it
+    /// meanwhile; on CUDA the collective is enqueued on the default stream libtorch uses.
+    unsafe fn whole(&self, flat: &Tensor) -> Buf<'static> {
+        assert!(flat.kind() == Kind::Float && flat.is_contiguous() && flat.device() == self.device, "flat float32 buffer on the learner's device");
+        let (ptr, len) = (flat.data_ptr() as *mut f32, flat.numel());
+        match self.device {
+            // SAFETY: the caller's contract; `len` floats at `ptr`.
+            Device::Cpu => Buf::host(unsafe { std::slice::from_raw_parts_mut(ptr, len) }),
+            // SAFETY: the caller's contract.
+            _ => unsafe { Buf::cuda(ptr as *mut std::ffi::c_void, len, DType::F32, std::ptr::null_mut()) },
+        }
+    }
+
+    /// Returns once every rank has entered.
+    pub(crate) fn barrier(&mut self) -> Result<()> {
+        Ok(self.comm.barrier()?)
     }
 
     /// Sums a few host numbers across ranks.

@@ -68,6 +68,9 @@ pub struct RankStep {
     /// Warnings from resuming (first step after a resume only).
     #[serde(default)]
     pub warnings: Vec<String>,
+    /// Bytes of optimizer state this rank holds ([`Learner::optimizer_state_bytes`]).
+    #[serde(default)]
+    pub optimizer_bytes: u64,
 }
 
 /// Parses arguments (without the program name), runs the job, and returns the exit code (0 ok, 1 failure, 2 usage).
@@ -112,10 +115,17 @@ pub fn run_rank(job_path: &std::path::Path, rank: usize, world: usize, addr: Opt
             JobBatches::Sft(b) => learner.sft_step(&b[cursor as usize % b.len()].shard(rank, world))?,
         };
         cursor += 1;
-        if let (Some(dir), 0) = (&job.checkpoint_dir, rank) {
+        if let Some(dir) = &job.checkpoint_dir {
+            // Every rank: rank 0 writes, and each rank its optimizer shard when sharded.
             learner.save_checkpoint(dir, &CheckpointMeta { policy_version: learner.train_steps(), data_cursor: cursor.into() })?;
         }
-        let line = RankStep { step: learner.train_steps(), loss: stats.loss, digest: format!("{:016x}", learner.parameter_digest()?), warnings: std::mem::take(&mut warnings) };
+        let line = RankStep {
+            step: learner.train_steps(),
+            loss: stats.loss,
+            digest: format!("{:016x}", learner.parameter_digest()?),
+            warnings: std::mem::take(&mut warnings),
+            optimizer_bytes: learner.optimizer_state_bytes() as u64,
+        };
         println!("{}", serde_json::to_string(&line).expect("serialises"));
     }
     if let Some(out) = &job.out_dir {

@@ -1,13 +1,13 @@
 //! [`Learner`]: one data-parallel rank's model, optimiser and training steps.
 use super::batch::{SftBatch, TrainBatch};
 use super::micro::{self, MicroBatch, Packing, Targets, Unit};
-use super::config::{KlCoef, KlPlacement, LearnerConfig};
+use super::config::{KlCoef, KlPlacement, LearnerConfig, Shard};
 use super::error::{LearnerError, Result};
 use super::loss::{self, Aggregation, BatchTotals};
 use super::optim::{next_lr, AdamW, ParamSet};
 use super::parallel::{digest_tensors, DataParallel};
 use super::value::ValueHead;
-use rlmesh_comm::Collective;
+use rlmesh_comm::{Collective, ShardLayout};
 use rlmesh_model::Transformer;
 use rlmesh_core::advantage::steptool::{steptool_advantages, StepToolParams, StepToolRollout};
 use serde::{Deserialize, Serialize};
@@ -247,8 +247,15 @@ impl Learner {
         if let Some(v) = &value_head {
             named.extend(v.named());
         }
-        let params = ParamSet::new(named, device);
-        let optim = AdamW::new(&params, config.optim);
+        // Under `shard`, this rank updates only the elements it owns ([`ShardLayout`]).
+        let (rank, world) = comm.as_ref().map_or((0, 1), |c| (c.rank(), c.world_size()));
+        let total = named.iter().map(|(_, t)| t.numel()).sum();
+        let (layout, owner) = match config.shard.splits_optimizer() {
+            true => (ShardLayout::for_bytes(total, world, config.bucket_bytes), rank),
+            false => (ShardLayout::whole(total), 0),
+        };
+        let params = ParamSet::new(named, device, Some(layout.padded()));
+        let optim = AdamW::new(&params, config.optim, layout, owner);
         let kl_coef = match config.kl.map(|k| k.coef) {
             Some(KlCoef::Fixed { beta }) => beta,
             Some(KlCoef::Adaptive { init, .. }) => init,
@@ -280,7 +287,13 @@ impl Learner {
         if config.value.is_some() != self.value_head.is_some() {
             return Err(LearnerError::Config { field: "value", message: "a value head cannot be added or removed by reconfigure".into() });
         }
-        self.optim = AdamW::new(&self.params, config.optim);
+        let sharded = self.config.shard.splits_optimizer();
+        for (field, same) in [("shard", config.shard == self.config.shard), ("dtype", config.dtype == self.config.dtype), ("bucket_bytes", !sharded || config.bucket_bytes == self.config.bucket_bytes)] {
+            if !same {
+                return Err(LearnerError::Config { field, message: "fixed when the learner is built; reconfigure cannot change it".into() });
+            }
+        }
+        self.optim = AdamW::new(&self.params, config.optim, self.optim.layout, self.optim.rank);
         if let Some(k) = config.kl {
             self.kl_coef = match k.coef {
                 KlCoef::Fixed { beta } => beta,
@@ -386,9 +399,22 @@ impl Learner {
     }
 
     /// The gradients of the last optimizer step (all-reduced and clipped), by parameter name.
+    /// Under `shard` the flat buffer carries the parameters' all-gather after the update:
+    /// only with `shard = "none"` does it still hold them.
     pub fn gradients(&self) -> Vec<(String, Tensor)> {
         let clipped = tch::no_grad(|| &self.params.grads * self.grad_scale);
         (0..self.params.names.len()).map(|i| (self.params.names[i].clone(), self.params.view(&clipped, i).copy())).collect()
+    }
+
+    /// Bytes of optimizer state this rank holds (AdamW's moments and master weights):
+    /// under `shard`, about `1/world` of an unsharded rank's.
+    pub fn optimizer_state_bytes(&self) -> usize {
+        self.optim.state_bytes()
+    }
+
+    /// Returns once every data-parallel rank has entered (at once with one rank).
+    pub(crate) fn barrier(&mut self) -> Result<()> {
+        self.dp.as_mut().map_or(Ok(()), DataParallel::barrier)
     }
 
     /// Takes the data-parallel communicator out (to hand it to a resumed learner).
@@ -540,10 +566,14 @@ impl Learner {
         }
         if let Some(dp) = &mut self.dp {
             let t = Instant::now();
-            dp.all_reduce_flat(&self.params.grads, self.config.bucket_bytes)?;
+            match self.config.shard {
+                // ZeRO-2: each rank receives only the sum of the elements it owns.
+                Shard::Gradients => dp.reduce_scatter_flat(&self.params.grads, &self.optim.layout)?,
+                _ => dp.all_reduce_flat(&self.params.grads, self.config.bucket_bytes)?,
+            }
             self.comm_seconds += t.elapsed().as_secs_f64();
         }
-        let norm = self.params.grads.norm().double_value(&[]);
+        let norm = self.grad_norm()?;
         // Clipping scales the gradient inside the update; the flat buffer keeps the unclipped sum.
         self.grad_scale = match self.config.max_grad_norm {
             Some(max) if max / (norm + 1e-6) < 1.0 => max / (norm + 1e-6),
@@ -551,10 +581,32 @@ impl Learner {
         };
         let lr = next_lr(&self.config, self.optim.step);
         self.optim.update(&self.params, lr, self.grad_scale);
+        if let (Some(dp), true) = (&mut self.dp, self.config.shard.splits_optimizer()) {
+            // Each rank updated the elements it owns: every rank gets all of them.
+            let t = Instant::now();
+            dp.gather_parameters(&self.params, &self.optim)?;
+            self.comm_seconds += t.elapsed().as_secs_f64();
+        }
         if self.dp.is_some() {
             sums = self.reduce_and_verify(sums)?;
         }
         Ok((sums, norm, lr, counts[0]))
+    }
+
+    /// The norm of the step's summed gradient: of the whole flat buffer, or under
+    /// ZeRO-2 (each rank holds the sums of its own elements only) from every rank's share.
+    fn grad_norm(&mut self) -> Result<f64> {
+        let grads = &self.params.grads;
+        match (&mut self.dp, self.config.shard) {
+            (Some(dp), Shard::Gradients) => {
+                let mut sq = [self.optim.segments().iter().map(|s| grads.narrow(0, s.flat as i64, s.len as i64).square().sum(Kind::Double).double_value(&[])).sum::<f64>()];
+                let t = Instant::now();
+                dp.sum(&mut sq)?;
+                self.comm_seconds += t.elapsed().as_secs_f64();
+                Ok(sq[0].sqrt())
+            }
+            _ => Ok(grads.norm().double_value(&[])),
+        }
     }
 
     /// Combines the step's sums over ranks and checks every rank's parameter digest.
