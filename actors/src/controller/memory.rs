@@ -28,17 +28,19 @@
 //! an assumed prompt length ([`Assumptions::prompt_tokens`]) and every rollout
 //! as long as the recipe allows (`max_new_tokens × max_turns + 256` tokens
 //! after the prompt). Per decoder layer autograd keeps, per computed token,
-//! `6h + 4i + 3q + 2k + heads + 2` elements (`h` the width, `i` the MLP width,
-//! `q`/`k` the query and key/value widths: the norms' inputs, outputs and
-//! scales, the attention's gathered queries, keys, values, output and
+//! `6h + 4i + 3q + 2k + heads + 2` float32 elements (`h` the width, `i` the MLP
+//! width, `q`/`k` the query and key/value widths: the norms' inputs, outputs
+//! and scales, the attention's gathered queries, keys, values, output and
 //! log-sum-exp, the output projection's input, the MLP's four `[tokens, i]`
-//! tensors), and two key/value widths per extra key slot a shared prompt is
-//! gathered into; counted from libtorch's saved tensors of exactly these
-//! operations (a `saved_tensors_hooks` probe of the same graph). The output
+//! tensors; with bf16 parameters `16h + 8i + 6q + 4k + 4·heads + 8` bytes, the
+//! norms computing in float32), and two key/value widths per extra key slot a
+//! shared prompt is gathered into; counted from libtorch's saved tensors of
+//! exactly these operations (a `saved_tensors_hooks` probe of the same graph). The output
 //! head keeps the picked hidden states and three `[targets, vocab]` float32
 //! tensors at its peak (log-softmax, its gradient, the logits' gradient).
-//! With `checkpoint_activations` a layer keeps only its input, plus one
-//! layer's full set while it is recomputed.
+//! With `checkpoint_activations` a layer keeps only its input, and one
+//! layer's full set exists while it is recomputed, after the output head's
+//! tensors are gone: the larger of the two counts.
 use super::plan::Plan;
 use super::recipe::Recipe;
 use super::topology::{Device, Role, Topology};
@@ -320,23 +322,40 @@ pub fn learner_items(m: &ModelShape, l: &LearnerMemory) -> Vec<MemoryItem> {
     // place: it moves half the bytes of an all-reduce, it holds as many).
     out.push(item("gradients", params * F32 + if low { params * b } else { 0 }));
     out.push(item("optimizer state", shard * F32 * if low { 3 } else { 2 }));
-    out.push(item("activations", activation_bytes(m, l.micro, b, l.checkpoint_activations)));
-    out.push(item("output head", head_bytes(m, l.micro, b)));
+    let head = head_bytes(m, l.micro, b);
+    if l.checkpoint_activations {
+        // The output head's tensors are freed before the first layer is recomputed.
+        out.push(item("activations", activation_bytes(m, l.micro, b, true)));
+        out.push(item("output head or recomputed layer", head.max(layer_bytes(m, l.micro, b))));
+    } else {
+        out.push(item("activations", activation_bytes(m, l.micro, b, false)));
+        out.push(item("output head", head));
+    }
     out
 }
 
-/// Elements autograd keeps per computed token in one decoder layer (module doc).
-fn layer_elements_per_token(m: &ModelShape) -> u64 {
-    6 * m.hidden + 4 * m.intermediate + 3 * m.q_dim() + 2 * m.kv_dim() + m.heads + 2
+/// Bytes autograd keeps per computed token in one decoder layer with parameters of
+/// `b` bytes (module doc): per RMSNorm its input, normalised values and output (float32),
+/// or with bf16 its float32 upcast and two bf16 tensors, and a float32 scale; the
+/// attention's gathered query, key, value, output and the output projection's input,
+/// and a float32 log-sum-exp per head; the MLP's four `[tokens, i]` tensors.
+fn layer_bytes_per_token(m: &ModelShape, b: u64) -> u64 {
+    let norm = if b == F32 { 3 * m.hidden * F32 } else { m.hidden * F32 + 2 * m.hidden * b } + F32;
+    2 * norm + (3 * m.q_dim() + 2 * m.kv_dim()) * b + m.heads * F32 + 4 * m.intermediate * b
 }
 
-/// The decoder layers' saved activations of one micro-batch and the backward's
-/// largest working set of one layer, in bytes.
+/// What one decoder layer keeps of a micro-batch, in bytes.
+fn layer_bytes(m: &ModelShape, s: MicroShape, b: u64) -> u64 {
+    s.tokens * layer_bytes_per_token(m, b) + s.extra_keys * 2 * m.kv_dim() * b
+}
+
+/// The decoder layers' saved activations of one micro-batch, in bytes: every
+/// layer's, or with `checkpoint` each layer's input only (the layer recomputed in
+/// the backward comes after the output head's tensors are freed: [`learner_items`]).
 pub fn activation_bytes(m: &ModelShape, s: MicroShape, b: u64, checkpoint: bool) -> u64 {
-    let one_layer = (s.tokens * layer_elements_per_token(m) + s.extra_keys * 2 * m.kv_dim()) * b;
-    let saved = if checkpoint { m.layers * s.tokens * m.hidden * b + one_layer } else { m.layers * one_layer };
-    // Shared by the layers: RoPE tables, and the final norm's input, scale and output.
-    let shared = s.tokens * (2 * m.head_dim + 3 * m.hidden) * b + s.mask_bytes;
+    let saved = if checkpoint { m.layers * s.tokens * m.hidden * b } else { m.layers * layer_bytes(m, s, b) };
+    // Shared by the layers: RoPE tables, and the final norm's tensors.
+    let shared = s.tokens * (2 * m.head_dim * b + 3 * m.hidden * F32) + s.mask_bytes;
     saved + shared
 }
 

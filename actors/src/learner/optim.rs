@@ -201,6 +201,13 @@ impl AdamW {
         self.state().iter().map(|(_, t)| t.numel() * t.kind().elt_size_in_bytes()).sum()
     }
 
+    /// The float32 master weights of every parameter, by name, when there are
+    /// master weights and this rank holds all of them (unsharded).
+    pub(crate) fn master_weights(&self, params: &ParamSet) -> Option<Vec<(String, Tensor)>> {
+        let master = self.master.as_ref().filter(|_| self.layout.world == 1)?;
+        Some((0..params.tensors.len()).map(|i| (params.names[i].clone(), params.view(master, i).copy())).collect())
+    }
+
     /// This rank's elements, parameter by parameter.
     pub(crate) fn segments(&self) -> &[Segment] {
         &self.segments

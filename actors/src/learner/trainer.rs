@@ -406,6 +406,12 @@ impl Learner {
         (0..self.params.names.len()).map(|i| (self.params.names[i].clone(), self.params.view(&clipped, i).copy())).collect()
     }
 
+    /// AdamW's float32 master weights by parameter name: with lower-precision
+    /// parameters and unsharded state (None otherwise).
+    pub fn master_weights(&self) -> Option<Vec<(String, Tensor)>> {
+        self.optim.master_weights(&self.params)
+    }
+
     /// Bytes of optimizer state this rank holds (AdamW's moments and master weights):
     /// under `shard`, about `1/world` of an unsharded rank's.
     pub fn optimizer_state_bytes(&self) -> usize {
@@ -557,10 +563,20 @@ impl Learner {
         let device = self.model.device();
         // The step's gradient is the same sum over its sequences whatever the grouping
         // into micro-batches and layouts (weights use the step's totals).
+        let policy = matches!(obj, Objective::Policy(_));
         for piece in obj.plan(idx, &self.config) {
             let mb = obj.micro(&piece, device);
-            if let Some(loss) = self.micro_loss(&mb, matches!(obj, Objective::Policy(_)), &totals, &mut sums)? {
+            let trained = if self.config.checkpoint_activations {
+                // Only each decoder layer's input is kept; the layers are recomputed in the backward.
+                let forward = || mb.input.hidden_states(&self.model).map_err(LearnerError::from);
+                self.model.checkpointed(|| self.micro_loss(&mb, policy, &totals, &mut sums), forward)?
+            } else if let Some(loss) = self.micro_loss(&mb, policy, &totals, &mut sums)? {
                 loss.f_backward()?;
+                true
+            } else {
+                false
+            };
+            if trained {
                 self.params.accumulate_grads();
             }
         }

@@ -78,7 +78,7 @@ impl LearnerSpec {
         if self.shared_prefix && !self.pack {
             return Err(Invalid::new("learner.shared_prefix", "a shared prompt is laid out in packed batches: set pack = true, or shared_prefix = false"));
         }
-        if let Err((field, message)) = check_implemented(self.shard, self.dtype, self.checkpoint_activations) {
+        if let Err((field, message)) = check_implemented(self.shard) {
             return Err(Invalid::new(format!("learner.{field}"), message));
         }
         Ok(())
