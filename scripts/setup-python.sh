@@ -22,8 +22,19 @@ add_trl() {
   touch "$stamp"
 }
 
+# MCP tool servers for rlmesh-mcp's tests: the Python SDK (its MCPServer, formerly
+# FastMCP, writes the test servers) and the reference time server, from PyPI.
+add_mcp() {
+  local stamp="$VENV/.rlmesh-mcp-2.3.0"
+  [ -f "$stamp" ] && return 0
+  echo "[setup] adding mcp 2.3.0 and mcp-server-time to $VENV" >&2
+  "$VENV/bin/pip" install --quiet "mcp==2.3.0" "mcp-server-time==2026.10.19" >&2
+  touch "$stamp"
+}
+
 if [ -f "$STAMP" ]; then
   add_trl
+  add_mcp
   echo "$VENV"
   exit 0
 fi
@@ -52,4 +63,5 @@ fi
 "$VENV/bin/python" -c "import torch, transformers; print('[setup] torch', torch.__version__, 'transformers', transformers.__version__)" >&2
 touch "$STAMP"
 add_trl
+add_mcp
 echo "$VENV"

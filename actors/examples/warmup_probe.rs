@@ -71,7 +71,7 @@ fn main() {
             eprintln!("step {s} loss {:.4} {:.2}s", st.loss, t0.elapsed().as_secs_f64());
         }
     }
-    let rc = RolloutConfig { group_size: 1, max_turns: 3, max_tokens: 200, sampling: SamplingParams { max_new_tokens: 60, temperature: 0.0, ..Default::default() }, system_prompt: None };
+    let rc = RolloutConfig { group_size: 1, max_turns: 3, max_tokens: 200, sampling: SamplingParams { max_new_tokens: 60, temperature: 0.0, ..Default::default() }, ..Default::default() };
     // 100 held-out tasks of the mix, then 100 of the one template that reverses the operands ("subtract X from Y").
     let reversed: Vec<rlmesh_core::Task> = generate(&MixConfig { size: 40000, tool_fraction: 1.0, multi_step_fraction: 0.0, inventory: false, three_step_fraction: 0.0, seed: 3, drill_words: false })
         .unwrap()

@@ -28,6 +28,7 @@ fn scores_are_digits_and_failures_are_counted() {
         expected_answer: Some("408".into()),
         environment: None,
         env_state: None,
+        ..Default::default()
     };
     let transcript = Transcript::from_completion("<tool_call>\n{\"name\": \"calculator\", \"arguments\": {\"operation\": \"multiply\", \"a\": 17, \"b\": 24}}\n</tool_call>\n<tool_response>\n408\n</tool_response>\nThe answer is 408.");
     let req = JudgeRequest { task: &task, transcript: &transcript };

@@ -20,7 +20,7 @@ fn greedy() -> RolloutConfig {
         max_turns: 4,
         max_tokens: 400,
         sampling: SamplingParams { max_new_tokens: 96, temperature: 0.0, ..SamplingParams::default() },
-        system_prompt: None,
+        ..RolloutConfig::default()
     }
 }
 

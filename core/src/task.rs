@@ -1,4 +1,5 @@
 //! Tasks: a prompt plus the data needed to grade a rollout on it.
+use crate::chat::Message;
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
@@ -39,18 +40,19 @@ impl TaskType {
     }
 }
 
-/// A prompt plus its grading data.
-#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+/// A prompt plus its grading data. Generated tasks and tasks read from a file
+/// ([`crate::dataset::task_file`]) are this same type.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
 pub struct Task {
     /// Stable identifier (unique within a dataset).
     #[serde(default)]
     pub id: String,
-    /// The user prompt.
+    /// The user prompt (with [`Task::messages`], the text of their last user message).
     #[serde(default)]
     pub prompt: String,
     /// Whether a correct rollout must call a tool.
     pub requires_tool: bool,
-    /// Tools the model may call.
+    /// Tools the model may call; empty on a tool task: any tool.
     #[serde(default)]
     pub allowed_tools: Vec<String>,
     /// Expected calls, one list per step (parallel calls share a step).
@@ -65,6 +67,14 @@ pub struct Task {
     /// Initial state handed to the environment's `reset`.
     #[serde(default, with = "crate::wire::json_value_opt")]
     pub env_state: Option<Value>,
+    /// The prompt as chat messages, when a task file gave a list (a system
+    /// message and earlier turns allowed; it ends with the user's turn). Empty:
+    /// [`Task::prompt`] is the one user message.
+    #[serde(default)]
+    pub messages: Vec<Message>,
+    /// Any JSON a task file's row carries for verifiers (`info`; verl's `extra_info`).
+    #[serde(default, with = "crate::wire::json_value_opt")]
+    pub info: Option<Value>,
 }
 
 impl Task {

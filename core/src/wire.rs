@@ -103,6 +103,7 @@ mod tests {
             expected_answer: Some("408".into()),
             environment: None,
             env_state: Some(json!({"k": [1, 2.5, null]})),
+            ..Default::default()
         };
         let mut asst = Message::assistant("");
         asst.tool_calls = Some(vec![ToolCallMsg::new("calculator", json!({"a": 17, "b": 24}))]);

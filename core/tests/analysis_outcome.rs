@@ -17,6 +17,7 @@ fn task(requires_tool: bool) -> Task {
         expected_answer: Some(if requires_tool { "408" } else { "hello" }.into()),
         environment: None,
         env_state: None,
+        ..Default::default()
     }
 }
 

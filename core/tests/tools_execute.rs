@@ -44,6 +44,7 @@ fn task(environment: Option<&str>, env_state: Option<serde_json::Value>) -> Task
         expected_answer: None,
         environment: environment.map(String::from),
         env_state,
+        ..Default::default()
     }
 }
 

@@ -164,6 +164,7 @@ proptest! {
             id: "fuzz".into(), prompt: "p".into(), requires_tool: true, allowed_tools: vec![],
             gold_tool_calls: vec![], expected_answer: None, environment: Some("inventory".into()),
             env_state: Some(Inventory::state(&[("apples", 3)], &[])),
+            ..Default::default()
         };
         let mut session = registry.session(&task).unwrap();
         prop_assert_eq!(session.tools().len(), 1 + Inventory::methods().len());

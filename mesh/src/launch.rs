@@ -1243,6 +1243,59 @@ impl Drop for Process {
     }
 }
 
+/// Sets up `cmd` for a helper process the run owns outright (a verifier, a
+/// tool server): it leads a process group of its own, so
+/// [`kill_group`] reaches it and everything it starts, and on Linux it gets
+/// `SIGKILL` when the thread that spawns it ends (`PR_SET_PDEATHSIG`), so it
+/// cannot outlive a parent that is killed outright.
+///
+/// The signal follows the spawning *thread*, not the process: spawn from a
+/// thread that lives as long as the child should. [`Launcher`]'s own local
+/// children do not use this: they may be left running on purpose
+/// ([`OnDrop::Leave`]) and are started from short-lived threads.
+pub fn own_group_tied_to_parent(cmd: &mut Command) {
+    use std::os::unix::process::CommandExt;
+    cmd.process_group(0);
+    #[cfg(target_os = "linux")]
+    {
+        // SAFETY: getpid is async-signal-safe; the value is read before fork.
+        let parent = unsafe { libc::getpid() };
+        // SAFETY: between fork and exec the closure only calls the
+        // async-signal-safe prctl, getppid and raise.
+        unsafe {
+            cmd.pre_exec(move || {
+                if libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL) != 0 {
+                    return Err(io::Error::last_os_error());
+                }
+                // The parent died before prctl took effect: do not run orphaned.
+                if libc::getppid() != parent {
+                    libc::raise(libc::SIGKILL);
+                }
+                Ok(())
+            });
+        }
+    }
+}
+
+/// Sends `sig` to every process of the group `pgid` (a child started with
+/// [`own_group_tied_to_parent`] leads the group named by its pid). A group
+/// that no longer exists is not an error.
+pub fn kill_group(pgid: u32, sig: Signal) -> io::Result<()> {
+    // pgid 0 would mean our own group and 1 init's: refused.
+    if pgid <= 1 {
+        return Err(io::Error::new(io::ErrorKind::InvalidInput, format!("process group {pgid}")));
+    }
+    // SAFETY: killpg(2) on a group this process created.
+    let rc = unsafe { libc::killpg(pgid as libc::pid_t, sig.number()) };
+    match rc {
+        0 => Ok(()),
+        _ => match io::Error::last_os_error() {
+            e if e.raw_os_error() == Some(libc::ESRCH) => Ok(()),
+            e => Err(e),
+        },
+    }
+}
+
 /// Copy the local file `local` to `remote` on the host through ssh's stdin
 /// (written to a temporary name, then renamed, mode 0755; missing directories
 /// are made). On [`Host::Local`] the file is copied unless both paths are the

@@ -77,6 +77,26 @@ fn probe() -> (Vec<Value>, Vec<(Value, &'static str)>) {
     (tools, turns)
 }
 
+/// The text of an assistant turn that calls the probe tool `rlmesh_probe_lookup` with
+/// `{"word": "mesh"}`, as the template renders it (between the generation prompt and the
+/// end of the turn): what a model trained on this template writes to call a tool. A
+/// caller checks that its tool-call parser reads the call back.
+pub fn rendered_call(tokenizer: &Tokenizer) -> Result<String, TemplateProblem> {
+    let (tools, turns) = probe();
+    let render = |messages: &[Value], generation: bool| tokenizer.render(messages, Some(&tools), generation).map_err(|e| TemplateProblem::Render(e.to_string()));
+    let prompt = render(&[turns[0].0.clone()], true)?;
+    let whole = render(&[turns[0].0.clone(), turns[1].0.clone()], false)?;
+    let turn = whole.strip_prefix(prompt.as_str()).unwrap_or(&whole);
+    let stops: Vec<String> = tokenizer.stop_token_ids().iter().filter_map(|&id| tokenizer.decode(&[id], false).ok()).filter(|t| !t.is_empty()).collect();
+    let end = stops.iter().filter_map(|s| turn.find(s.as_str())).min().unwrap_or(turn.len());
+    Ok(turn[..end].to_string())
+}
+
+/// The probe call's tool name and arguments (see [`rendered_call`]).
+pub fn probe_call() -> (&'static str, Value) {
+    (PROBE_TOOL, json!({"word": "mesh"}))
+}
+
 /// Checks that `tokenizer`'s chat template renders tools, is prefix-preserving
 /// over a tool round-trip, and ends assistant turns with a stop token.
 pub fn check_tool_template(tokenizer: &Tokenizer) -> Result<(), TemplateProblem> {

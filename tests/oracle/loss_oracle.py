@@ -11,6 +11,8 @@ on transformers models.
             -> {"seconds": [...], "median_s": s, "tokens_per_s": x, "computed_tokens": n}
             "micro_batch": rows per forward pass, each micro-batch padded to its longest row
             and the gradient accumulated (as TRL pads and accumulates); default: the whole batch.
+            "logits_to_keep": true projects onto the vocabulary only from the first trained
+            position of each micro-batch (TRL's logits_to_keep); default: every position.
 """
 import json
 import math
@@ -160,6 +162,7 @@ class Setup:
         seqs = req["batch"]["sequences"]
         self.tokens = sum(len(s["token_ids"]) for s in seqs)
         rows = int(req.get("micro_batch") or len(seqs))
+        self.logits_from_first_trained = bool(req.get("logits_to_keep", False))
         self.micro = [self.tensors(seqs[i:i + rows], device) for i in range(0, len(seqs), rows)]
         self.computed_tokens = sum(m["ids"].numel() for m in self.micro)
         self.totals = (len(seqs), sum(sum(s["loss_mask"][1:]) for s in seqs))
@@ -180,13 +183,20 @@ class Setup:
             ids, valid = m["ids"], m["valid"]
             pos = (valid.cumsum(1) - 1).clamp(min=0)
             h = self.model.model(input_ids=ids, attention_mask=valid, position_ids=pos).last_hidden_state[:, :-1]
-            lp = self.model.lm_head(h).float().log_softmax(-1)
-            logp = lp.gather(-1, ids[:, 1:].unsqueeze(-1)).squeeze(-1)
+            # As TRL's logits_to_keep: the vocabulary projection only from the first position any
+            # row trains (the prompt's logits are never read); 0 elsewhere, masked out.
+            keep = int(m["mask"].any(0).nonzero()[0].item()) if self.logits_from_first_trained and m["mask"].any() else 0
+            lp = self.model.lm_head(h[:, keep:]).float().log_softmax(-1)
+            logp = lp.gather(-1, ids[:, 1 + keep:].unsqueeze(-1)).squeeze(-1)
+            if keep:
+                logp = torch.nn.functional.pad(logp, (keep, 0))
             if self.c.get("entropy_coef", 0.0) and not self.sft:
                 entropy = -(lp.exp() * lp).sum(-1)
             else:
                 with torch.no_grad():
                     entropy = -(lp.exp() * lp).sum(-1)
+            if keep:
+                entropy = torch.nn.functional.pad(entropy, (keep, 0))
             values = self.vhead(h.float()).squeeze(-1) if self.vhead is not None else None
             total, part = objective(self.c, m["mask"], logp, entropy, values=values, sft=self.sft,
                                     totals=self.totals if len(self.micro) > 1 else None, **m["extra"])

@@ -176,6 +176,7 @@ mod tests {
             expected_answer: Some("5".into()),
             environment: None,
             env_state: None,
+            ..Default::default()
         }
     }
 

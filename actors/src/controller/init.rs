@@ -213,3 +213,53 @@ pub fn build_task_tokenizer(out: &Path, tasks: &[rlmesh_core::Task], registry: &
     let tok = train_task_tokenizer(texts.iter(), vocab_size, digits)?;
     save_task_tokenizer(&tok, out)
 }
+
+/// A view of the model directory `model` in `out` whose chat template is `template`:
+/// every file of `model` linked (weights are not copied), `chat_template.jinja`
+/// written from `template` (the tokenizer prefers it to `tokenizer_config.json`'s).
+/// Every process of a run loads the policy from there, so they all render alike.
+pub fn with_chat_template(model: &Path, template: &Path, out: &Path) -> Result<PathBuf, InitError> {
+    let io = |path: &Path| {
+        let path = path.to_path_buf();
+        move |source| InitError::Io { path, source }
+    };
+    let source = std::fs::read_to_string(template).map_err(io(template))?;
+    std::fs::create_dir_all(out).map_err(io(out))?;
+    let model = model.canonicalize().map_err(io(model))?;
+    for entry in std::fs::read_dir(&model).map_err(io(&model))? {
+        let entry = entry.map_err(io(&model))?;
+        let (name, link) = (entry.file_name(), out.join(entry.file_name()));
+        if name == "chat_template.jinja" || link.symlink_metadata().is_ok() {
+            continue;
+        }
+        std::os::unix::fs::symlink(entry.path(), &link).map_err(io(&link))?;
+    }
+    let dest = out.join("chat_template.jinja");
+    std::fs::write(&dest, source).map_err(io(&dest))?;
+    Ok(out.to_path_buf())
+}
+
+/// Refuses a chat template that cannot carry the run's tool calls: it must render the
+/// tools, be prefix-preserving over a tool round-trip and end assistant turns with a stop
+/// token ([`rlmesh_model::template`]), and `format`'s parser must read back the calls it renders.
+pub fn check_tool_template(tokenizer: &rlmesh_model::Tokenizer, format: rlmesh_core::tools::ToolFormat) -> Result<(), String> {
+    use rlmesh_model::template;
+    template::check_tool_template(tokenizer).map_err(|e| e.to_string())?;
+    let turn = template::rendered_call(tokenizer).map_err(|e| e.to_string())?;
+    let (name, arguments) = template::probe_call();
+    let spec = rlmesh_core::tools::ToolSpec {
+        name: name.to_string(),
+        description: String::new(),
+        parameters: serde_json::json!({"type": "object", "properties": {"word": {"type": "string"}}, "required": ["word"]}),
+    };
+    let probe = rlmesh_core::tools::Tool::from_handler(spec, std::sync::Arc::new(|_: &serde_json::Value| Ok(String::new())));
+    let parsed = format.parse(&turn, &[probe]);
+    if parsed.calls.iter().any(|c| c.error.is_none() && c.name == name && c.arguments == arguments) {
+        return Ok(());
+    }
+    Err(format!(
+        "[model] tool_format = \"{}\" does not read the calls this chat template writes: a call to {name} renders as {turn:?} (choose the format the template writes: {})",
+        format.name(),
+        rlmesh_core::tools::ToolFormat::ALL.map(|f| f.name()).join(", ")
+    ))
+}

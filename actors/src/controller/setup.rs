@@ -163,7 +163,7 @@ impl Policy {
         let (dir, recipe) = (&opts.run_dir, &opts.recipe);
         let setup = |e: String| RunError::Setup(e);
         let limits = ExecLimits { timeout_ms: 2000, max_output_bytes: 2048, max_calls_per_turn: 4 };
-        let registry = ToolRegistry::from_names(&recipe.tools, limits).map_err(|e| setup(e.to_string()))?;
+        let registry = ToolRegistry::from_names(&recipe.tools, limits).map_err(|e| setup(e.to_string()))?.with_format(recipe.model.tool_format);
         let (train, mut held_out) = recipe.tasks().map_err(|e| setup(e.to_string()))?;
         let sft_tasks = if recipe.sft.steps > 0 { recipe.sft_tasks(&held_out).map_err(|e| setup(e.to_string()))? } else { vec![] };
         let model_dir = policy_dir(recipe, dir, opts.resume, &opts.tokenizer_dir, &train, &sft_tasks, &registry)?;
@@ -177,6 +177,9 @@ impl Policy {
             progress.line(format!("warm-up: starting from the shared warm-up in {}", s.display()));
         }
         let tokenizer = Tokenizer::load(&model_dir).map_err(|e| setup(e.to_string()))?;
+        if !recipe.tools.is_empty() {
+            super::init::check_tool_template(&tokenizer, recipe.model.tool_format).map_err(|e| RunError::Refused(format!("{}: {e}", model_dir.display())))?;
+        }
         if let Some(n) = opts.eval_limit {
             held_out.truncate(n);
         }
@@ -213,6 +216,7 @@ impl Roles {
             max_tokens: recipe.rl.max_new_tokens * recipe.rl.max_turns + 256,
             sampling: SamplingParams { max_new_tokens: recipe.rl.max_new_tokens, temperature: recipe.rl.temperature, ..Default::default() },
             system_prompt: None,
+            tool_format: recipe.model.tool_format,
         };
         let reward = RewardSpec {
             kind: recipe.reward,
@@ -369,10 +373,14 @@ fn learner_ranks(opts: &RunOptions) -> usize {
 /// tokenizer, learned here) in `RUN_DIR/initial-model`, the one a resumed run
 /// created, or the recipe's transformers directory.
 fn policy_dir(recipe: &Recipe, dir: &Path, resume: bool, tokenizer_dir: &Path, train: &[Task], sft_tasks: &[Task], registry: &ToolRegistry) -> Result<PathBuf, RunError> {
-    if !recipe.tiny_model() {
-        return Ok(PathBuf::from(&recipe.model.path));
-    }
     let d = dir.join("initial-model");
+    if !recipe.tiny_model() {
+        return match &recipe.model.chat_template {
+            Some(t) => super::init::with_chat_template(Path::new(&recipe.model.path), Path::new(t), &d)
+                .map_err(|e| RunError::Refused(format!("model.chat_template: {e}"))),
+            None => Ok(PathBuf::from(&recipe.model.path)),
+        };
+    }
     if resume {
         return Ok(d);
     }

@@ -7,7 +7,8 @@
 //! - `packed`: packed, every sequence whole;
 //! - `padded`: one right-padded sequence per row, a group per micro-batch (the plain path);
 //! - `torch`: the same step in PyTorch eager (`tests/oracle/loss_oracle.py bench`),
-//!   padded as TRL pads: each micro-batch of G rows to its longest.
+//!   padded as TRL pads (each micro-batch of G rows to its longest) and, as TRL's
+//!   `logits_to_keep`, projecting onto the vocabulary only from the first trained position.
 use super::batch::TrainBatch;
 use super::bench::{bench_config, peer_config, run_peer, synthetic_sequence, LearnerBench};
 use super::error::{LearnerError, Result};
@@ -161,7 +162,7 @@ pub fn bench_groups(b: &LearnerBench, w: &GroupsWorkload) -> Result<GroupsReport
             &json!({
                 "model": b.model_dir, "batch": batch, "objective": "policy", "config": peer_config(&config),
                 "iters": b.iters.max(1), "warmup": if round == 0 { b.warmup } else { 0 }, "threads": b.threads,
-                "device": if b.device == Device::Cpu { "cpu" } else { "cuda" }, "micro_batch": w.group_size,
+                "device": if b.device == Device::Cpu { "cpu" } else { "cuda" }, "micro_batch": w.group_size, "logits_to_keep": true,
                 "dtype": rlmesh_model::io::kind_name(b.kind), "fused_adamw": b.peer_fused_adamw,
             }),
         )?;

@@ -117,12 +117,13 @@ impl Actor for RolloutActor {
 
     async fn pre_start(&self, myself: ActorRef<Self::Msg>, args: RolloutArgs) -> Result<RolloutState, ActorProcessingErr> {
         let (dir, tools, limits, threads, on) = (args.model_dir.clone(), args.tools.clone(), args.limits, args.threads, args.device);
+        let format = args.config.tool_format;
         let name = format!("rollout-{}", myself.get_id());
         let device = DeviceThread::spawn(&name, move || -> Result<RolloutDevice, String> {
             tch::set_num_threads(threads);
             let model = Transformer::load(&dir, on, Some(tch::Kind::Float)).map_err(|e| e.to_string())?;
             let tokenizer = Tokenizer::load(&dir).map_err(|e| e.to_string())?;
-            let registry = ToolRegistry::from_names(&tools, limits).map_err(|e| e.to_string())?;
+            let registry = ToolRegistry::from_names(&tools, limits).map_err(|e| e.to_string())?.with_format(format);
             Ok(RolloutDevice { model, tokenizer, registry, version: 0 })
         })
         .await??;

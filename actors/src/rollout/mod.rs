@@ -65,11 +65,21 @@ pub struct RolloutConfig {
     pub sampling: SamplingParams,
     /// System message placed before the user prompt (`None`: the template's default).
     pub system_prompt: Option<String>,
+    /// How the model writes tool calls (the recipe's `[model] tool_format`).
+    #[serde(default)]
+    pub tool_format: rlmesh_core::tools::ToolFormat,
 }
 
 impl Default for RolloutConfig {
     fn default() -> Self {
-        RolloutConfig { group_size: 8, max_turns: 4, max_tokens: 1024, sampling: SamplingParams::default(), system_prompt: None }
+        RolloutConfig {
+            group_size: 8,
+            max_turns: 4,
+            max_tokens: 1024,
+            sampling: SamplingParams::default(),
+            system_prompt: None,
+            tool_format: Default::default(),
+        }
     }
 }
 

@@ -66,6 +66,7 @@ pub fn chat(
         expected_answer: None,
         environment: None,
         env_state: None,
+        ..Default::default()
     };
     let cfg = RolloutConfig { group_size: 1, ..cfg.clone() };
     let mut out = rollouts(model, tokenizer, registry, &[&task], &cfg, 0, seed, &mut ToolLoopTiming::default())?;

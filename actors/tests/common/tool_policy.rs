@@ -69,6 +69,7 @@ pub fn task(id: &str, prompt: &str, requires_tool: bool) -> Task {
         expected_answer: None,
         environment: None,
         env_state: None,
+        ..Default::default()
     }
 }
 

@@ -19,6 +19,9 @@
 //!   summary rubric (states the result, concise, grounded).
 //! - [`combine`] — TRL's multi-reward combination (NaN-aware weighted sum,
 //!   per-function statistics).
+//! - [`functions`] — a rollout's total over named, weighted reward functions
+//!   (rubric, verifiers, environment), where a function that fails makes the
+//!   rollout unscorable rather than 0.
 //! - [`answer`] — loose comparison of answers and argument values.
 //!
 //! Components that do not apply to a task are `None`, never 0.
@@ -26,6 +29,7 @@ use serde_json::{Map, Value};
 
 pub mod answer;
 pub mod combine;
+pub mod functions;
 pub mod hierr;
 pub mod judge;
 pub mod process;

@@ -1,11 +1,14 @@
 //! Stateful environments, as TRL's `environment_factory`: a fresh instance per
 //! rollout, `reset(task)` may return an observation appended to the prompt, its
 //! methods are the tools, and `get_reward` grades the final state.
+use super::execute::{run_limited, ExecLimits};
 use super::schema::ToolArgs;
+use super::source::{Grader, SourceSession, ToolSource};
 use super::tool::{typed_args, CallError, Handler, Tool, ToolError, ToolSpec};
 use crate::task::Task;
 use serde_json::Value;
 use std::sync::{Arc, Mutex, PoisonError};
+use std::time::Duration;
 
 /// A stateful environment; one instance lives for one rollout.
 pub trait Environment: Send + 'static {
@@ -45,35 +48,58 @@ impl<E: 'static> Method<E> {
     }
 }
 
-/// A live environment instance: its bound tools and its grader.
-pub(crate) struct Bound {
-    /// The methods as tools sharing this instance's state.
-    pub tools: Vec<Tool>,
-    /// Reads `get_reward` (may block while a call holds the state; run it with a time limit).
-    pub reward: Arc<dyn Fn() -> Option<f64> + Send + Sync>,
-    /// Runs `reset` on the instance.
-    pub reset: Box<dyn FnOnce(Task) -> Option<String> + Send>,
+/// A built-in environment as a [`ToolSource`]: a fresh instance per rollout.
+pub(crate) struct EnvSource<E> {
+    name: String,
+    methods: Arc<Vec<Method<E>>>,
+    factory: Box<dyn Fn() -> E + Send + Sync>,
 }
 
-/// Binds a fresh instance's methods to its state (a mutex: a call that
-/// panicked leaves the state as it was at the panic, as an exception would in Python).
-pub(crate) fn bind<E: Environment>(env: E, methods: &Arc<Vec<Method<E>>>) -> Bound {
-    let state = Arc::new(Mutex::new(env));
-    let tools = (0..methods.len())
-        .map(|i| {
-            let spec = methods[i].spec.clone();
-            let (state, methods) = (state.clone(), methods.clone());
-            let handler: Handler = Arc::new(move |args: &Value| {
-                let mut env = state.lock().unwrap_or_else(PoisonError::into_inner);
-                (methods[i].run)(&mut env, args)
-            });
-            Tool::from_handler(spec, handler)
-        })
-        .collect();
-    let for_reward = state.clone();
-    Bound {
-        tools,
-        reward: Arc::new(move || for_reward.lock().unwrap_or_else(PoisonError::into_inner).get_reward()),
-        reset: Box::new(move |task: Task| state.lock().unwrap_or_else(PoisonError::into_inner).reset(&task)),
+impl<E: Environment> EnvSource<E> {
+    /// The environment `name`, whose instances `factory` makes.
+    pub(crate) fn new(name: &str, factory: impl Fn() -> E + Send + Sync + 'static) -> Self {
+        EnvSource { name: name.to_string(), methods: Arc::new(E::methods()), factory: Box::new(factory) }
     }
+}
+
+impl<E: Environment> ToolSource for EnvSource<E> {
+    fn name(&self) -> &str {
+        &self.name
+    }
+
+    fn specs(&self) -> Vec<ToolSpec> {
+        self.methods.iter().map(|m| m.spec.clone()).collect()
+    }
+
+    fn check_task(&self, task: &Task) -> Result<(), String> {
+        E::check_task(task)
+    }
+
+    /// Binds a fresh instance's methods to its state (a mutex: a call that
+    /// panicked leaves the state as it was at the panic, as an exception would
+    /// in Python) and runs `reset` with the time limit; the grader reads
+    /// `get_reward` with the same limit (a call may still hold the state).
+    fn open(&self, task: &Task, limits: &ExecLimits) -> Result<SourceSession, String> {
+        let state = Arc::new(Mutex::new((self.factory)()));
+        let tools = (0..self.methods.len())
+            .map(|i| {
+                let spec = self.methods[i].spec.clone();
+                let (state, methods) = (state.clone(), self.methods.clone());
+                let handler: Handler = Arc::new(move |args: &Value| (methods[i].run)(&mut lock(&state), args));
+                Tool::from_handler(spec, handler)
+            })
+            .collect();
+        let timeout = Duration::from_millis(limits.timeout_ms);
+        let (for_reset, task) = (state.clone(), task.clone());
+        let observation = run_limited(&self.name, timeout, move || lock(&for_reset).reset(&task)).map_err(|e| e.to_string())?;
+        let grader: Grader = Arc::new(move || {
+            let state = state.clone();
+            run_limited("get_reward", timeout, move || lock(&state).get_reward()).map_err(|e| e.to_string())
+        });
+        Ok(SourceSession { tools, observation, grader: Some(grader) })
+    }
+}
+
+fn lock<E>(state: &Mutex<E>) -> std::sync::MutexGuard<'_, E> {
+    state.lock().unwrap_or_else(PoisonError::into_inner)
 }

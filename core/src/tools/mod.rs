@@ -1,4 +1,5 @@
-//! Tools: schemas, the calculator, stateful environments, execution, and the `<tool_call>` parser.
+//! Tools: schemas, the calculator, stateful environments, execution, and the tool-call parsers
+//! (`<tool_call>` blocks and the other families' [`formats`]).
 //!
 //! A rollout drives tools through a [`ToolSession`] opened on its task by the
 //! run's [`ToolRegistry`]:
@@ -14,7 +15,13 @@
 //!    under the [`ExecLimits`] and returns one [`Step`](crate::Step) per
 //!    block; each step's `result` is the content of its `tool` message
 //!    (`{"error": "…"}` when it failed).
-//! 4. At the end, `session.reward()` is the environment's own grade.
+//! 4. At the end, `session.grades()` are the sources' own grades (an
+//!    environment's `get_reward`, a tool server's reward tool).
+//!
+//! Besides the built-in tools and environments, a registry holds external
+//! [`ToolSource`]s (e.g. MCP servers, from `rlmesh-mcp`), opened on every
+//! rollout: `registry.add_source(...)`; `registry.health()` says when one can
+//! no longer serve.
 //!
 //! Tools are typed: an argument struct made with [`tool_args!`](crate::tool_args)
 //! yields the parameter schema transformers' `get_json_schema` would produce
@@ -22,15 +29,19 @@
 pub mod calculator;
 pub mod environment;
 pub mod execute;
+pub mod formats;
 pub mod inventory;
 pub mod parse;
 pub mod registry;
 pub mod schema;
+pub mod source;
 pub mod tool;
 
 pub use environment::{Environment, Method};
 pub use execute::ExecLimits;
+pub use formats::ToolFormat;
 pub use parse::{parse_turn, ParsedCall, ParsedTurn};
 pub use registry::{RegistryError, ToolRegistry, ToolSession};
 pub use schema::{SchemaType, ToolArgs};
+pub use source::{Grader, SourceSession, ToolSource};
 pub use tool::{CallError, Tool, ToolError, ToolSpec};

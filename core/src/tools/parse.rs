@@ -104,17 +104,31 @@ pub fn parse_turn(text: &str, tools: &[Tool]) -> ParsedTurn {
 }
 
 fn parse_block(inner: &str, tools: &[Tool]) -> ParsedCall {
+    match serde_json::from_str::<Value>(inner.trim()) {
+        Ok(value) => call_from_json(value, inner, tools, "arguments"),
+        Err(e) => malformed(inner, format!("invalid JSON: {e}")),
+    }
+}
+
+/// A block that is not JSON, or not a call at all.
+pub(crate) fn malformed(raw: &str, reason: String) -> ParsedCall {
+    ParsedCall { name: String::new(), arguments: Value::Null, raw: raw.to_string(), error: Some(CallError::Format(reason)) }
+}
+
+/// One call from its JSON `{"name": …, "<arguments>": {…}}` (the arguments under the key
+/// `arguments`, which a format may name otherwise: Llama 3's `parameters`), checked against `tools`.
+pub(crate) fn call_from_json(value: Value, raw: &str, tools: &[Tool], arguments_key: &str) -> ParsedCall {
+    let inner = raw;
     let call = |name: String, arguments: Value, error: Option<CallError>| ParsedCall { name, arguments, raw: inner.to_string(), error };
     let format = |name: String, arguments: Value, reason: String| call(name, arguments, Some(CallError::Format(reason)));
-    let mut obj = match serde_json::from_str::<Value>(inner.trim()) {
-        Ok(Value::Object(obj)) => obj,
-        Ok(other) => {
-            let reason = format!("expected a JSON object {{\"name\": …, \"arguments\": {{…}}}}, got {}", describe(&other));
+    let mut obj = match value {
+        Value::Object(obj) => obj,
+        other => {
+            let reason = format!("expected a JSON object {{\"name\": …, \"{arguments_key}\": {{…}}}}, got {}", describe(&other));
             return format(String::new(), Value::Null, reason);
         }
-        Err(e) => return format(String::new(), Value::Null, format!("invalid JSON: {e}")),
     };
-    let arguments = obj.remove("arguments");
+    let arguments = obj.remove(arguments_key).or_else(|| obj.remove("arguments"));
     let name = match obj.remove("name") {
         Some(Value::String(s)) if !s.is_empty() => s,
         None => return format(String::new(), arguments.unwrap_or(Value::Null), "missing \"name\"".into()),
@@ -125,9 +139,9 @@ fn parse_block(inner: &str, tools: &[Tool]) -> ParsedCall {
     };
     let arguments = match arguments {
         Some(a @ Value::Object(_)) => a,
-        None => return format(name, Value::Null, "missing \"arguments\"".into()),
+        None => return format(name, Value::Null, format!("missing \"{arguments_key}\"")),
         Some(other) => {
-            let reason = format!("\"arguments\" must be a JSON object, got {}", describe(&other));
+            let reason = format!("\"{arguments_key}\" must be a JSON object, got {}", describe(&other));
             return format(name, other, reason);
         }
     };

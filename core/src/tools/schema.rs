@@ -1,6 +1,7 @@
 //! Tool parameter schemas derived from typed Rust argument structs, in exactly
-//! the shape transformers' `get_json_schema` produces, and a validator for the
-//! subset of JSON schema those shapes use.
+//! the shape transformers' `get_json_schema` produces, and a validator for
+//! those shapes and for the ones tool servers publish (pydantic's `anyOf`,
+//! `oneOf`, `$ref` to `$defs`, defaults; see [`validate`] and [`check_schema`]).
 //!
 //! A type describes itself with [`SchemaType`] (the Rust analogue of
 //! `_parse_type_hint`); a struct of arguments made with [`tool_args!`] gets
@@ -223,69 +224,333 @@ macro_rules! tool_enum {
     };
 }
 
-/// Checks `value` against a schema of the shapes above (`type`, `nullable`,
-/// `enum`, `items`, `properties`/`required`, `additionalProperties`; other
-/// keywords are ignored). Arguments not in `properties` are rejected. The
-/// error names the argument path, what was expected and what was found.
+/// Checks `value` against a tool's parameter schema. Besides the shapes
+/// above it reads what MCP servers emit (pydantic's and zod's schemas):
+/// `anyOf`, `oneOf`, `allOf`, `$ref` to `#/$defs/…` or `#/definitions/…`,
+/// `const`, `type` lists with `"null"`, `default` (a property with one may be
+/// left out even when listed as required), `additionalProperties` (a schema
+/// or a boolean), and the bounds `minimum`, `maximum`, `exclusiveMinimum`,
+/// `exclusiveMaximum`, `minLength`, `maxLength`, `minItems`, `maxItems`.
+/// Other keywords (`format`, `pattern`, `title`, …) are ignored. Arguments
+/// not in `properties` are rejected unless `additionalProperties` allows them.
+/// The error names the argument path, what was expected and what was found.
 pub fn validate(schema: &Value, value: &Value) -> Result<(), String> {
-    check(schema, value, "")
+    Validator { root: schema }.check(schema, value, "", 0)
 }
 
-fn check(schema: &Value, value: &Value, path: &str) -> Result<(), String> {
-    let Some(s) = schema.as_object() else { return Ok(()) };
-    let at = |p: &str| if p.is_empty() { "arguments".to_string() } else { format!("argument \"{p}\"") };
-    if value.is_null() && s.get("nullable") == Some(&Value::Bool(true)) {
-        return Ok(());
+/// Checks that a tool's parameter schema can be used: an object schema whose
+/// keywords have the right shapes, whose `type`s are JSON types and whose
+/// `$ref`s resolve inside it. The error names the keyword's path.
+pub fn check_schema(schema: &Value) -> Result<(), String> {
+    match schema.get("type") {
+        Some(Value::String(t)) if t == "object" => {}
+        Some(t) => return Err(format!("type: expected \"object\", got {t}")),
+        None => return Err("type: missing (a tool's parameters are an object schema)".into()),
     }
-    if let Some(t) = s.get("type") {
-        let types: Vec<&str> = match t {
-            Value::String(t) => vec![t.as_str()],
-            Value::Array(ts) => ts.iter().filter_map(Value::as_str).collect(),
-            _ => Vec::new(),
+    check_node(schema, schema, "")
+}
+
+/// `$ref` hops followed without reaching a value's child: past this a `$ref` chain loops.
+const MAX_REF_HOPS: usize = 32;
+
+const JSON_TYPES: &[&str] = &["string", "integer", "number", "boolean", "array", "object", "null"];
+
+fn at(path: &str) -> String {
+    if path.is_empty() {
+        "arguments".to_string()
+    } else {
+        format!("argument \"{path}\"")
+    }
+}
+
+/// The schema a local `$ref` (`#`, `#/$defs/Name`, any `#/…` JSON pointer) points to.
+fn resolve<'a>(root: &'a Value, reference: &str) -> Option<&'a Value> {
+    reference.strip_prefix('#').and_then(|pointer| root.pointer(pointer))
+}
+
+struct Validator<'a> {
+    root: &'a Value,
+}
+
+impl<'a> Validator<'a> {
+    /// `schema` with its `$ref`s followed (at most [`MAX_REF_HOPS`]); `None` when one does not resolve.
+    fn target(&self, mut schema: &'a Value) -> Option<&'a Value> {
+        for _ in 0..MAX_REF_HOPS {
+            match schema.get("$ref").and_then(Value::as_str) {
+                Some(r) => schema = resolve(self.root, r)?,
+                None => return Some(schema),
+            }
+        }
+        None
+    }
+
+    fn check(&self, schema: &'a Value, value: &Value, path: &str, hops: usize) -> Result<(), String> {
+        let s = match schema {
+            Value::Object(s) => s,
+            Value::Bool(false) => return Err(format!("{}: no value is allowed here, got {}", at(path), describe(value))),
+            _ => return Ok(()),
         };
-        if !types.is_empty() && !types.iter().any(|t| has_type(value, t)) {
-            return Err(format!("{}: expected {}, got {}", at(path), types.join(" or "), describe(value)));
+        if let Some(Value::String(r)) = s.get("$ref") {
+            let target = resolve(self.root, r).ok_or_else(|| format!("{}: the schema's $ref \"{r}\" does not resolve", at(path)))?;
+            if hops >= MAX_REF_HOPS {
+                return Err(format!("{}: the schema's $ref \"{r}\" loops", at(path)));
+            }
+            self.check(target, value, path, hops + 1)?;
         }
-    }
-    if let Some(Value::Array(choices)) = s.get("enum") {
-        if !choices.contains(value) {
-            let list: Vec<String> = choices.iter().map(Value::to_string).collect();
-            return Err(format!("{}: expected one of [{}], got {}", at(path), list.join(", "), describe(value)));
+        if value.is_null() && s.get("nullable") == Some(&Value::Bool(true)) {
+            return Ok(());
         }
-    }
-    match value {
-        Value::Array(items) => {
-            if let Some(item_schema) = s.get("items") {
-                for (i, item) in items.iter().enumerate() {
-                    check(item_schema, item, &format!("{path}[{i}]"))?;
+        if let Some(types) = s.get("type").map(type_names) {
+            if !types.is_empty() && !types.iter().any(|t| has_type(value, t)) {
+                return Err(format!("{}: expected {}, got {}", at(path), types.join(" or "), describe(value)));
+            }
+        }
+        if let Some(Value::Array(choices)) = s.get("enum") {
+            if !choices.contains(value) {
+                let list: Vec<String> = choices.iter().map(Value::to_string).collect();
+                return Err(format!("{}: expected one of [{}], got {}", at(path), list.join(", "), describe(value)));
+            }
+        }
+        if let Some(c) = s.get("const") {
+            if c != value {
+                return Err(format!("{}: expected {c}, got {}", at(path), describe(value)));
+            }
+        }
+        check_bounds(s, value).map_err(|e| format!("{}: {e}", at(path)))?;
+        if let Some(Value::Array(all)) = s.get("allOf") {
+            for branch in all {
+                self.check(branch, value, path, hops + 1)?;
+            }
+        }
+        if let Some(Value::Array(any)) = s.get("anyOf") {
+            if !any.iter().any(|b| self.check(b, value, path, hops + 1).is_ok()) {
+                return Err(self.no_branch(any, value, path, hops));
+            }
+        }
+        if let Some(Value::Array(one)) = s.get("oneOf") {
+            match one.iter().filter(|b| self.check(b, value, path, hops + 1).is_ok()).count() {
+                1 => {}
+                0 => return Err(self.no_branch(one, value, path, hops)),
+                _ => {
+                    let alts = self.summaries(one);
+                    return Err(format!("{}: matches more than one of {alts}, got {}", at(path), describe(value)));
                 }
             }
         }
-        Value::Object(fields) => {
-            let join = |k: &str| if path.is_empty() { k.to_string() } else { format!("{path}.{k}") };
-            if let Some(Value::Array(required)) = s.get("required") {
-                for r in required.iter().filter_map(Value::as_str) {
-                    if !fields.contains_key(r) {
-                        return Err(format!("missing required argument \"{}\"", join(r)));
+        match value {
+            Value::Array(items) => {
+                if let Some(item_schema) = s.get("items") {
+                    for (i, item) in items.iter().enumerate() {
+                        self.check(item_schema, item, &format!("{path}[{i}]"), 0)?;
                     }
                 }
             }
-            let properties = s.get("properties").and_then(Value::as_object);
-            let additional = s.get("additionalProperties");
-            for (k, v) in fields {
-                match (properties.and_then(|p| p.get(k)), additional) {
-                    (Some(ps), _) | (None, Some(ps)) => check(ps, v, &join(k))?,
-                    (None, None) if properties.is_some() => {
-                        let known: Vec<&str> = properties.into_iter().flat_map(|p| p.keys()).map(String::as_str).collect();
-                        return Err(format!("unexpected argument \"{}\" (expected: {})", join(k), known.join(", ")));
-                    }
-                    (None, None) => {}
+            Value::Object(fields) => self.check_fields(s, fields, path)?,
+            _ => {}
+        }
+        Ok(())
+    }
+
+    fn check_fields(&self, s: &'a Map<String, Value>, fields: &Map<String, Value>, path: &str) -> Result<(), String> {
+        let join = |k: &str| if path.is_empty() { k.to_string() } else { format!("{path}.{k}") };
+        let properties = s.get("properties").and_then(Value::as_object);
+        if let Some(Value::Array(required)) = s.get("required") {
+            for r in required.iter().filter_map(Value::as_str) {
+                let has_default = || {
+                    let p = properties.and_then(|p| p.get(r));
+                    p.and_then(|p| self.target(p)).is_some_and(|p| p.get("default").is_some())
+                };
+                if !fields.contains_key(r) && !has_default() {
+                    return Err(format!("missing required argument \"{}\"", join(r)));
                 }
             }
         }
-        _ => {}
+        let additional = s.get("additionalProperties");
+        for (k, v) in fields {
+            match (properties.and_then(|p| p.get(k)), additional) {
+                (Some(ps), _) => self.check(ps, v, &join(k), 0)?,
+                (None, Some(Value::Bool(false))) | (None, None) if properties.is_some() || additional.is_some() => {
+                    let known: Vec<&str> = properties.into_iter().flat_map(|p| p.keys()).map(String::as_str).collect();
+                    return Err(format!("unexpected argument \"{}\" (expected: {})", join(k), known.join(", ")));
+                }
+                (None, Some(ps)) => self.check(ps, v, &join(k), 0)?,
+                (None, None) => {}
+            }
+        }
+        Ok(())
+    }
+
+    /// The error when no branch of an `anyOf`/`oneOf` accepts `value`: the
+    /// branch's own error when only one branch has the value's shape (its
+    /// type, and any `const` field a discriminated union tells its members by),
+    /// else what the branches expect.
+    fn no_branch(&self, branches: &'a [Value], value: &Value, path: &str, hops: usize) -> String {
+        let shaped: Vec<&Value> = branches.iter().filter(|b| self.has_shape(b, value)).collect();
+        if let [only] = shaped[..] {
+            if let Err(e) = self.check(only, value, path, hops + 1) {
+                return e;
+            }
+        }
+        format!("{}: expected {}, got {}", at(path), self.summaries(branches), describe(value))
+    }
+
+    fn has_shape(&self, branch: &'a Value, value: &Value) -> bool {
+        let Some(b) = self.target(branch) else { return false };
+        let types = b.get("type").map(type_names).unwrap_or_default();
+        let nullable = value.is_null() && b.get("nullable") == Some(&Value::Bool(true));
+        if !types.is_empty() && !types.iter().any(|t| has_type(value, t)) && !nullable {
+            return false;
+        }
+        if b.get("const").is_some_and(|c| c != value) {
+            return false;
+        }
+        let (Some(fields), Some(props)) = (value.as_object(), b.get("properties").and_then(Value::as_object)) else {
+            return true;
+        };
+        props.iter().all(|(k, p)| {
+            let c = self.target(p).and_then(|p| p.get("const"));
+            match (c, fields.get(k)) {
+                (Some(c), Some(v)) => c == v,
+                _ => true,
+            }
+        })
+    }
+
+    /// What a list of branches expects, e.g. `string or null`, `"Circle" or "Square"`.
+    fn summaries(&self, branches: &'a [Value]) -> String {
+        branches.iter().map(|b| self.summary(b)).collect::<Vec<_>>().join(" or ")
+    }
+
+    fn summary(&self, branch: &'a Value) -> String {
+        if let Some(r) = branch.get("$ref").and_then(Value::as_str) {
+            let name = r.rsplit('/').next().unwrap_or(r);
+            return format!("\"{name}\"");
+        }
+        if let Some(c) = branch.get("const") {
+            return c.to_string();
+        }
+        if let Some(Value::Array(e)) = branch.get("enum") {
+            return format!("one of [{}]", e.iter().map(Value::to_string).collect::<Vec<_>>().join(", "));
+        }
+        if let Some(Value::Array(inner)) = branch.get("anyOf").or_else(|| branch.get("oneOf")) {
+            return self.summaries(inner);
+        }
+        match branch.get("type").map(type_names) {
+            Some(t) if !t.is_empty() => t.join(" or "),
+            _ => "any value".to_string(),
+        }
+    }
+}
+
+fn type_names(t: &Value) -> Vec<&str> {
+    match t {
+        Value::String(t) => vec![t.as_str()],
+        Value::Array(ts) => ts.iter().filter_map(Value::as_str).collect(),
+        _ => Vec::new(),
+    }
+}
+
+/// The numeric, length and size bounds of one schema node.
+fn check_bounds(s: &Map<String, Value>, value: &Value) -> Result<(), String> {
+    let bound = |k: &str| s.get(k).and_then(Value::as_f64);
+    if let Some(x) = value.as_f64() {
+        type Within = fn(f64, f64) -> bool;
+        let checks: [(&str, Within, &str); 4] = [
+            ("minimum", |x, b| x >= b, "at least"),
+            ("maximum", |x, b| x <= b, "at most"),
+            ("exclusiveMinimum", |x, b| x > b, "more than"),
+            ("exclusiveMaximum", |x, b| x < b, "less than"),
+        ];
+        for (key, within, words) in checks {
+            if bound(key).is_some_and(|b| !within(x, b)) {
+                return Err(format!("expected {words} {}, got {}", s[key], describe(value)));
+            }
+        }
+    }
+    let size = match value {
+        Value::String(t) => Some((t.chars().count(), "minLength", "maxLength", "characters")),
+        Value::Array(a) => Some((a.len(), "minItems", "maxItems", "items")),
+        _ => None,
+    };
+    if let Some((n, min, max, unit)) = size {
+        if bound(min).is_some_and(|b| (n as f64) < b) {
+            return Err(format!("expected at least {} {unit}, got {n}", s[min]));
+        }
+        if bound(max).is_some_and(|b| (n as f64) > b) {
+            return Err(format!("expected at most {} {unit}, got {n}", s[max]));
+        }
     }
     Ok(())
+}
+
+/// Walks one schema node for [`check_schema`]; `path` names it (`properties.items.type`).
+fn check_node(root: &Value, node: &Value, path: &str) -> Result<(), String> {
+    let s = match node {
+        Value::Object(s) => s,
+        Value::Bool(_) => return Ok(()),
+        other => return Err(format!("{}: expected a schema (an object), got {}", where_(path), describe(other))),
+    };
+    let key = |k: &str| if path.is_empty() { k.to_string() } else { format!("{path}.{k}") };
+    for (k, v) in s {
+        let here = key(k);
+        match k.as_str() {
+            "type" => {
+                let names = type_names(v);
+                if names.is_empty() || names.len() != v.as_array().map_or(1, Vec::len) {
+                    return Err(format!("{here}: expected a type name or a list of them, got {}", describe(v)));
+                }
+                if let Some(t) = names.iter().find(|t| !JSON_TYPES.contains(t)) {
+                    return Err(format!("{here}: unknown type \"{t}\" (JSON types: {})", JSON_TYPES.join(", ")));
+                }
+            }
+            "$ref" => {
+                let r = v.as_str().ok_or_else(|| format!("{here}: expected a string, got {}", describe(v)))?;
+                if resolve(root, r).is_none() {
+                    return Err(format!("{here}: \"{r}\" does not resolve inside the schema"));
+                }
+            }
+            "properties" | "$defs" | "definitions" => {
+                let m = v.as_object().ok_or_else(|| format!("{here}: expected an object of schemas, got {}", describe(v)))?;
+                for (name, sub) in m {
+                    check_node(root, sub, &format!("{here}.{name}"))?;
+                }
+            }
+            "required" if !v.as_array().is_some_and(|a| a.iter().all(Value::is_string)) => {
+                return Err(format!("{here}: expected a list of property names, got {}", describe(v)));
+            }
+            "enum" if !v.is_array() => return Err(format!("{here}: expected a list of values, got {}", describe(v))),
+            "items" | "additionalProperties" | "not" => check_node(root, v, &here)?,
+            "anyOf" | "oneOf" | "allOf" => match v.as_array() {
+                Some(branches) if !branches.is_empty() => {
+                    for (i, b) in branches.iter().enumerate() {
+                        check_node(root, b, &format!("{here}[{i}]"))?;
+                    }
+                }
+                _ => return Err(format!("{here}: expected a non-empty list of schemas, got {}", describe(v))),
+            },
+            _ => {}
+        }
+    }
+    if let Some(r) = s.get("$ref").and_then(Value::as_str) {
+        let mut seen = vec![r];
+        let mut target = resolve(root, r);
+        while let Some(next) = target.and_then(|t| t.get("$ref")).and_then(Value::as_str) {
+            if seen.contains(&next) {
+                return Err(format!("{}: the $ref chain from \"{r}\" loops", key("$ref")));
+            }
+            seen.push(next);
+            target = resolve(root, next);
+        }
+    }
+    Ok(())
+}
+
+fn where_(path: &str) -> &str {
+    if path.is_empty() {
+        "the schema"
+    } else {
+        path
+    }
 }
 
 fn has_type(v: &Value, t: &str) -> bool {

@@ -144,9 +144,21 @@ impl Recipe {
         source::parse(file, text, Recipe::validate).map(|r| r.named_after(Path::new(file)))
     }
 
+    /// Names the recipe after its file (unless named) and makes the files it names
+    /// relative to the recipe's own directory absolute, so every process finds them.
     fn named_after(mut self, file: &Path) -> Recipe {
         if self.name.is_empty() {
             self.name = file.file_stem().map_or_else(String::new, |s| s.to_string_lossy().into_owned());
+        }
+        let base = file.parent().map(|p| if p.as_os_str().is_empty() { Path::new(".") } else { p }).and_then(|p| p.canonicalize().ok()).unwrap_or_default();
+        let resolve = |p: &mut String| {
+            let path = Path::new(p.as_str());
+            if path.is_relative() && !base.as_os_str().is_empty() {
+                *p = base.join(path).to_string_lossy().into_owned();
+            }
+        };
+        if let Some(t) = self.model.chat_template.as_mut() {
+            resolve(t);
         }
         self
     }

@@ -2,6 +2,7 @@
 use super::checks::{at_least, at_most};
 use super::source::Invalid;
 use super::bounds;
+use rlmesh_core::tools::ToolFormat;
 use serde::{Deserialize, Serialize};
 
 /// The policy model.
@@ -36,6 +37,15 @@ pub struct ModelSpec {
     /// The tiny model's key/value heads (default 2; `heads` must be a multiple).
     #[serde(default = "default_kv_heads")]
     pub kv_heads: i64,
+    /// How the model writes tool calls: `"hermes"` (`<tool_call>` blocks; default),
+    /// `"llama3_json"` or `"mistral"`.
+    #[serde(default)]
+    pub tool_format: ToolFormat,
+    /// A Jinja chat template (a file, relative to the recipe) replacing the model's own:
+    /// for a model whose template cannot render tools (SmolLM2's), e.g.
+    /// `model/templates/qwen2.5-tools.jinja`. It is checked before the run.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub chat_template: Option<String>,
 }
 
 fn default_tokenizer() -> String {
@@ -75,6 +85,8 @@ impl Default for ModelSpec {
             layers: default_layers(),
             heads: default_heads(),
             kv_heads: default_kv_heads(),
+            tool_format: ToolFormat::default(),
+            chat_template: None,
         }
     }
 }
@@ -109,6 +121,9 @@ impl ModelSpec {
         }
         if m.heads % m.kv_heads != 0 {
             return Err(Invalid::new("model.kv_heads", format!("must divide model.heads ({}), got {}", m.heads, m.kv_heads)));
+        }
+        if m.path == "tiny" && m.chat_template.is_some() {
+            return Err(Invalid::new("model.chat_template", "the tiny model is created with rlmesh's tool template; a template applies to a model directory (model.path)"));
         }
         if m.path == "tiny" {
             // Embedding (task tokenizer only: SmolLM2's is 49152 rows), then per layer q, o, k, v and the 3×-wide MLP.

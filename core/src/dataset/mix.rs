@@ -1,4 +1,5 @@
-//! Datasets of tasks: the seed task mix generator and the JSONL task format.
+//! The seed's task mix: a deterministic generator of calculator, inventory
+//! and no-tool tasks.
 //!
 //! The seed's mix puts tool-required tasks (`"Use the calculator to compute
 //! 17 * 24."`) next to no-tool tasks (`"Reply with exactly: hello"`) so that
@@ -8,50 +9,14 @@
 //! inventory updates that need a lookup before the write). Generation is
 //! deterministic for a seed and never repeats a task.
 //!
-//! Users bring their own tasks as JSONL, one [`Task`] per line in its serde
-//! shape; [`parse_jsonl`] checks every field and names the line and field of
-//! the first problem:
-//!
-//! ```
-//! let err = rlmesh_core::dataset::parse_jsonl("{\"prompt\": \"hi\", \"requires_tool\": \"no\"}", "tasks.jsonl").unwrap_err();
-//! assert_eq!(err.to_string(), "tasks.jsonl:1: field \"requires_tool\": expected a boolean, got a string (\"no\")");
-//! ```
-//!
 //! [`split_holdout`] sets aside a held-out share that never overlaps the rest.
+use super::DatasetError;
 use crate::task::{GoldCall, Task};
 use crate::tools::calculator::{self, CalculatorArgs, Operation};
 use crate::tools::inventory::{self, Inventory, ItemArgs, SetArgs};
-use crate::tools::schema::describe;
 use serde::Serialize;
-use serde_json::{Map, Number, Value};
-use std::collections::{HashMap, HashSet};
-use std::path::Path;
-
-/// Errors of task generation and loading.
-#[derive(Debug, thiserror::Error)]
-pub enum DatasetError {
-    /// The task file could not be read.
-    #[error("{path}: {error}")]
-    Io {
-        /// The file.
-        path: String,
-        /// The OS error.
-        error: std::io::Error,
-    },
-    /// A line of a task file is not a valid task.
-    #[error("{file}:{line}: {message}")]
-    Line {
-        /// The file (as given).
-        file: String,
-        /// 1-based line number.
-        line: usize,
-        /// The field and what was expected.
-        message: String,
-    },
-    /// The mix configuration is impossible.
-    #[error("task mix: {0}")]
-    Config(String),
-}
+use serde_json::{Number, Value};
+use std::collections::HashSet;
 
 /// How many tasks of each kind to generate.
 #[derive(Clone, Debug, PartialEq)]
@@ -85,10 +50,10 @@ impl Default for MixConfig {
 }
 
 /// SplitMix64: a small, fast, well-mixed generator; deterministic everywhere.
-struct Rng(u64);
+pub(crate) struct Rng(pub(crate) u64);
 
 impl Rng {
-    fn next_u64(&mut self) -> u64 {
+    pub(crate) fn next_u64(&mut self) -> u64 {
         self.0 = self.0.wrapping_add(0x9E37_79B9_7F4A_7C15);
         let mut z = self.0;
         z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
@@ -96,7 +61,7 @@ impl Rng {
         z ^ (z >> 31)
     }
     /// Uniform in `lo..=hi`.
-    fn range(&mut self, lo: i64, hi: i64) -> i64 {
+    pub(crate) fn range(&mut self, lo: i64, hi: i64) -> i64 {
         lo + (self.next_u64() % (hi - lo + 1) as u64) as i64
     }
     /// Uniform in `[0, 1)`.
@@ -201,14 +166,21 @@ fn make_task(kind: Kind, d: Draft) -> Task {
         expected_answer: Some(d.answer),
         environment: (kind == Kind::Inventory).then(|| inventory::NAME.to_string()),
         env_state: d.env_state,
+        ..Task::default()
     }
 }
 
-/// What makes two tasks the same: prompt and environment state.
+/// What makes two tasks the same: prompt (its messages, when it has them)
+/// and environment state.
 pub fn task_key(t: &Task) -> String {
+    let mut key = t.prompt.clone();
+    if !t.messages.is_empty() {
+        let messages = serde_json::to_string(&t.messages).unwrap_or_else(|e| unreachable!("messages serialise to JSON: {e}"));
+        key = format!("{key}\u{0}{messages}");
+    }
     match &t.env_state {
-        Some(s) => format!("{}\u{0}{s}", t.prompt),
-        None => t.prompt.clone(),
+        Some(s) => format!("{key}\u{0}{s}"),
+        None => key,
     }
 }
 
@@ -414,144 +386,6 @@ pub fn split_holdout(tasks: Vec<Task>, fraction: f64, seed: u64) -> (Vec<Task>, 
         }
         Rng(h).unit() >= fraction
     })
-}
-
-/// Checks a task's grading data; the error names the field.
-pub fn validate_task(t: &Task) -> Result<(), String> {
-    if t.prompt.trim().is_empty() {
-        return Err("field \"prompt\": must not be empty".into());
-    }
-    if t.env_state.is_some() && t.environment.is_none() {
-        return Err("field \"env_state\": given without \"environment\"".into());
-    }
-    if !t.requires_tool {
-        if !t.gold_tool_calls.is_empty() {
-            return Err("field \"gold_tool_calls\": a task with \"requires_tool\": false must not expect calls".into());
-        }
-        return Ok(());
-    }
-    if t.allowed_tools.is_empty() {
-        return Err("field \"allowed_tools\": a task with \"requires_tool\": true needs at least one allowed tool".into());
-    }
-    if t.gold_tool_calls.is_empty() {
-        return Err("field \"gold_tool_calls\": a task with \"requires_tool\": true needs its expected calls (a list of steps)".into());
-    }
-    for (i, step) in t.gold_tool_calls.iter().enumerate() {
-        if step.is_empty() {
-            return Err(format!("field \"gold_tool_calls\"[{i}]: a step needs at least one call"));
-        }
-        for (j, call) in step.iter().enumerate() {
-            if !t.allowed_tools.contains(&call.name) {
-                return Err(format!("field \"gold_tool_calls\"[{i}][{j}].name: \"{}\" is not in \"allowed_tools\"", call.name));
-            }
-        }
-    }
-    Ok(())
-}
-
-const FIELDS: &[&str] =
-    &["id", "prompt", "requires_tool", "allowed_tools", "gold_tool_calls", "expected_answer", "environment", "env_state"];
-
-/// Checks the JSON types of a task line's fields.
-fn check_fields(obj: &Map<String, Value>) -> Result<(), String> {
-    let expected = |field: &str, what: &str, v: &Value| format!("field \"{field}\": expected {what}, got {}", describe(v));
-    for required in ["prompt", "requires_tool"] {
-        if !obj.contains_key(required) {
-            return Err(format!("missing field \"{required}\""));
-        }
-    }
-    for (k, v) in obj {
-        match k.as_str() {
-            "id" | "prompt" if !v.is_string() => return Err(expected(k, "a string", v)),
-            "expected_answer" | "environment" if !(v.is_string() || v.is_null()) => {
-                return Err(expected(k, "a string or null", v))
-            }
-            "requires_tool" if !v.is_boolean() => return Err(expected(k, "a boolean", v)),
-            "allowed_tools" => {
-                let list = v.as_array().ok_or_else(|| expected(k, "a list of tool names", v))?;
-                if let Some((i, bad)) = list.iter().enumerate().find(|(_, x)| !x.is_string()) {
-                    return Err(format!("field \"allowed_tools\"[{i}]: expected a string, got {}", describe(bad)));
-                }
-            }
-            "gold_tool_calls" => {
-                let steps = v.as_array().ok_or_else(|| expected(k, "a list of steps (lists of calls)", v))?;
-                for (i, step) in steps.iter().enumerate() {
-                    let calls = step.as_array().ok_or_else(|| {
-                        format!("field \"gold_tool_calls\"[{i}]: expected a list of calls, got {}", describe(step))
-                    })?;
-                    for (j, call) in calls.iter().enumerate() {
-                        let at = format!("field \"gold_tool_calls\"[{i}][{j}]");
-                        let c = call.as_object().ok_or_else(|| {
-                            format!("{at}: expected an object {{\"name\", \"arguments\"}}, got {}", describe(call))
-                        })?;
-                        match c.get("name") {
-                            Some(Value::String(_)) => {}
-                            Some(n) => return Err(format!("{at}.name: expected a string, got {}", describe(n))),
-                            None => return Err(format!("{at}: missing \"name\"")),
-                        }
-                        if let Some(a) = c.get("arguments").filter(|a| !a.is_object()) {
-                            return Err(format!("{at}.arguments: expected an object, got {}", describe(a)));
-                        }
-                        if let Some(extra) = c.keys().find(|k| *k != "name" && *k != "arguments") {
-                            return Err(format!("{at}: unknown field \"{extra}\" (expected: name, arguments)"));
-                        }
-                    }
-                }
-            }
-            other if !FIELDS.contains(&other) => {
-                return Err(format!("unknown field \"{other}\" (expected one of: {})", FIELDS.join(", ")))
-            }
-            _ => {}
-        }
-    }
-    Ok(())
-}
-
-/// Parses JSONL task text (`file` names it in errors). Blank lines are
-/// skipped; a missing `id` becomes `<file stem>-<line>`; ids must be unique;
-/// every task passes [`validate_task`].
-pub fn parse_jsonl(text: &str, file: &str) -> Result<Vec<Task>, DatasetError> {
-    let stem = Path::new(file).file_stem().map(|s| s.to_string_lossy().into_owned()).unwrap_or_default();
-    let mut ids: HashMap<String, usize> = HashMap::new();
-    let mut tasks = Vec::new();
-    for (i, line) in text.lines().enumerate() {
-        let n = i + 1;
-        let err = |message: String| DatasetError::Line { file: file.to_string(), line: n, message };
-        if line.trim().is_empty() {
-            continue;
-        }
-        let obj = match serde_json::from_str::<Value>(line) {
-            Ok(Value::Object(obj)) => obj,
-            Ok(other) => return Err(err(format!("expected a JSON object (one task per line), got {}", describe(&other)))),
-            Err(e) => return Err(err(format!("invalid JSON: {e}"))),
-        };
-        check_fields(&obj).map_err(err)?;
-        let mut task: Task = serde_json::from_value(Value::Object(obj)).map_err(|e| err(e.to_string()))?;
-        if task.id.is_empty() {
-            task.id = format!("{stem}-{n}");
-        }
-        if let Some(first) = ids.insert(task.id.clone(), n) {
-            return Err(err(format!("field \"id\": \"{}\" is already used on line {first}", task.id)));
-        }
-        validate_task(&task).map_err(err)?;
-        tasks.push(task);
-    }
-    Ok(tasks)
-}
-
-/// Reads and parses a JSONL task file (see [`parse_jsonl`]).
-pub fn load_jsonl(path: &Path) -> Result<Vec<Task>, DatasetError> {
-    let name = path.display().to_string();
-    let text = std::fs::read_to_string(path).map_err(|error| DatasetError::Io { path: name.clone(), error })?;
-    parse_jsonl(&text, &name)
-}
-
-/// Writes tasks as JSONL, one per line (what [`parse_jsonl`] reads back).
-pub fn to_jsonl(tasks: &[Task]) -> String {
-    tasks
-        .iter()
-        .map(|t| serde_json::to_string(t).unwrap_or_else(|e| unreachable!("tasks serialise to JSON: {e}")) + "\n")
-        .collect()
 }
 
 #[cfg(test)]
