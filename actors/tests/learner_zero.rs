@@ -162,6 +162,39 @@ fn a_sharded_checkpoint_resumes_on_the_same_and_on_another_number_of_ranks() {
     }
 }
 
+/// Sharding composes with bf16, activation checkpointing and the packed
+/// shared-prompt layout: 2 ranks with `shard = "gradients"`, bf16 and
+/// checkpointing train as 2 unsharded bf16 ranks without checkpointing do, up
+/// to bf16 rounding (a tied weight's two gradient contributions are summed in
+/// another order when the layers are recomputed).
+#[test]
+fn sharded_bf16_checkpointed_ranks_train_like_unsharded_bf16_ones() {
+    let dir = tempfile::tempdir().unwrap();
+    let model = tiny_model(dir.path(), "m", 41);
+    let job = |shard: Shard, checkpoint: bool, tag: &str| {
+        let mut j = job(&model, shard, &dir.path().join(tag));
+        j.config.dtype = Precision::Bf16;
+        j.config.checkpoint_activations = checkpoint;
+        (j.config.pack, j.config.shared_prefix, j.config.micro_batch_tokens) = (true, true, 64);
+        j.batches = JobBatches::Train((0..STEPS).map(|i| grouped_batch(2, 4, 10, false, 80 + i)).collect());
+        j
+    };
+    let base = run(dir.path(), 2, &job(Shard::None, false, "base"), "base");
+    let sharded = run(dir.path(), 2, &job(Shard::Gradients, true, "sharded"), "sharded");
+    for (r, s) in sharded.iter().enumerate() {
+        assert_eq!(s.iter().map(|x| &x.digest).collect::<Vec<_>>(), sharded[0].iter().map(|x| &x.digest).collect::<Vec<_>>(), "rank {r}'s digests differ");
+    }
+    let scale = base[0].iter().fold(1.0f64, |m, s| m.max(s.loss.abs()));
+    let loss_diff = base[0].iter().zip(&sharded[0]).map(|(a, b)| (a.loss - b.loss).abs()).fold(0.0, f64::max) / scale;
+    let (p, q) = (params(&dir.path().join("sharded"), 0), params(&dir.path().join("base"), 0));
+    let norm = q.iter().map(|(_, t)| t.abs().max().double_value(&[])).fold(0.0, f64::max);
+    let param_diff = worst(&p, &q) / norm;
+    eprintln!("bf16 + gradients + checkpointing vs bf16 unsharded, {STEPS} steps: loss {:.2e} of the largest loss, parameters {:.2e} of the largest", loss_diff, param_diff);
+    assert!(loss_diff < 2e-3, "losses differ by {loss_diff} of the largest loss");
+    assert!(param_diff < 1e-2, "parameters differ by {param_diff} of the largest");
+    assert!(sharded[0][0].optimizer_bytes * 2 <= base[0][0].optimizer_bytes + 64, "each of 2 ranks holds half the float32 master weights and moments");
+}
+
 fn copy_dir(from: &Path, to: &Path) {
     std::fs::create_dir_all(to).unwrap();
     for e in std::fs::read_dir(from).unwrap() {
