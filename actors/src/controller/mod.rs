@@ -26,6 +26,7 @@ pub mod init;
 mod journal;
 pub mod ledger;
 pub mod memory;
+pub mod shape;
 pub mod plan;
 mod progress;
 pub mod recipe;

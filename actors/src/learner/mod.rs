@@ -51,6 +51,7 @@ pub mod optim;
 pub mod parallel;
 pub mod rank;
 pub mod actor;
+mod stats;
 mod trainer;
 pub mod value;
 
