@@ -11,7 +11,8 @@
 //!                                       # with the NCCL gradient all-reduce, gradients compared with steps without
 //! gpu_check nccl-pair [--model DIR] [--mib 1,16,256] [--iters 5] [--timeout-ms 3000] [--deadline-s 75]
 //!                                       # two NCCL ranks on one GPU (a host id each): results, bandwidth,
-//!                                       # a stalled peer's timeout, the group rebuilt, a learner step on it
+//!                                       # a stalled peer's timeout, the group rebuilt, learner steps on it:
+//!                                       # float32, then bf16 with shard = "gradients" and checkpointing
 //! gpu_check weight-sync [--model DIR] [--versions 3] [--transports ring,nccl] [--device cuda]
 //!                                       # the weight-sync group between two processes: each transport's
 //!                                       # pack / broadcast / load seconds, parameters identical after
@@ -21,6 +22,9 @@
 //!
 //! Everything runs on the CPU too (`--device cpu`; `nccl-learner` and
 //! `greedy-match` need a GPU), which is how it is tried before a device run.
+#[path = "gpu_check_parts/pair_learners.rs"]
+mod pair_learners;
+
 use rlmesh_actors::learner::bench::{bench_config, peer_config, run_peer, synthetic_batch};
 use rlmesh_actors::learner::Learner;
 use rlmesh_actors::learner::actor::nccl_group;
@@ -394,11 +398,17 @@ fn nccl_pair(args: &[String]) -> Res<()> {
     let t0 = Instant::now();
     let deadline = std::time::Duration::from_secs(o.num("deadline-s", 75)? as u64);
     let (mut ok, reports) = run_pair("nccl-pair", args, &ports, deadline)?;
-    let digests: Vec<&str> = reports.iter().filter_map(|r| r["learner_digest"].as_str()).collect();
-    let same = digests.len() == 2 && digests[0] == digests[1] && !digests[0].is_empty();
+    let l: Vec<&Value> = reports.iter().map(|r| &r["learners"]).collect();
+    let agree = |field: &str| l.len() == 2 && l[0][field] == l[1][field] && !l[0][field].is_null();
+    let same = agree("learner_digest");
+    let sharded_same = agree("sharded_digests");
+    // Each of the two ranks holds half of bf16's float32 master weights and moments (12 bytes a
+    // parameter, against the float32 learner's 8 of moments): 0.75 of the unsharded bytes, plus padding.
+    let halved = l.iter().all(|x| x["optimizer_bytes"].as_f64().zip(x["optimizer_bytes_unsharded"].as_f64()).is_some_and(|(h, w)| h <= 0.75 * w + 4096.0));
     println!("learner parameters after one NCCL step: {}", if same { "identical on both ranks" } else { "DIFFER (or missing)" });
-    ok &= same || !o.named.contains_key("model");
-    println!("{}", json!({"check": "nccl-pair", "ok": ok, "seconds": t0.elapsed().as_secs_f64(), "learner_digests_equal": same, "ranks": reports}));
+    println!("bf16 sharded learner: parameters {} on both ranks; optimizer state per rank halved: {halved}", if sharded_same { "identical" } else { "DIFFER (or missing)" });
+    ok &= (same && sharded_same && halved) || !o.named.contains_key("model");
+    println!("{}", json!({"check": "nccl-pair", "ok": ok, "seconds": t0.elapsed().as_secs_f64(), "learner_digests_equal": same, "sharded_digests_equal": sharded_same, "ranks": reports}));
     if !ok {
         return Err("a rank failed".into());
     }
@@ -682,25 +692,18 @@ fn nccl_pair_rank(o: &Opts, rank: usize) -> Res<()> {
     let epoch2_ok = a.equal(&(&x * 3.0));
     let rebuild_s = t.elapsed().as_secs_f64();
     println!("timeout: aborted {timed_out} within bound {bound_ok}; drop {drop_s:.3}s; epoch 2 rebuilt in {rebuild_s:.2}s, sum {epoch2_ok}");
-    // A learner step on the epoch-2 group: both ranks all-reduce the same gradients, so their parameters must agree bit for bit.
-    let (mut loss, mut digest) = (f64::NAN, String::new());
-    if let Some(dir) = o.named.get("model") {
-        let model = Transformer::load(Path::new(dir), dev, Some(Kind::Float))?;
-        let batch = synthetic_batch(model.config.vocab_size, 8, 64, 16, 1);
-        let mut l = Learner::new(model, bench_config(8), Some(Box::new(comm) as Box<dyn Collective>))?;
-        loss = l.train_step(&batch)?.loss;
-        digest = format!("{:016x}", l.parameter_digest()?);
-        println!("learner step, world 2 on one GPU: loss {loss:.6}, parameter digest {digest}");
-    } else {
-        drop(comm);
-    }
-    let learner_ok = !o.named.contains_key("model") || (loss.is_finite() && !digest.is_empty());
+    // Learner steps on the epoch-2 group: both ranks reduce the same gradients, so their parameters must agree bit for bit.
+    let learners = match o.named.get("model") {
+        Some(dir) => pair_learners::pair_learner_steps(Path::new(dir), dev, comm)?,
+        None => json!({}),
+    };
+    let learner_ok = !o.named.contains_key("model") || (learners["learner_loss"].as_f64().is_some_and(f64::is_finite) && learners["sharded_first_loss_close"] == true);
     let ok = sum_ok && mean_ok && bcast_ok && bf16_ok && timed_out && bound_ok && epoch2_ok && learner_ok;
     println!(
         "{}",
         json!({"rank": rank, "ok": ok, "init_s": init_s, "sum": sum_ok, "mean": mean_ok, "broadcast": bcast_ok, "bf16": bf16_ok,
                "timeout_s": timeout.as_secs_f64(), "timed_out": timed_out, "waited_s": waited, "drop_s": drop_s,
-               "epoch2": epoch2_ok, "rebuild_s": rebuild_s, "bandwidth": rows, "learner_loss": loss, "learner_digest": digest})
+               "epoch2": epoch2_ok, "rebuild_s": rebuild_s, "bandwidth": rows, "learners": learners})
     );
     if !ok {
         return Err("a check failed".into());
