@@ -24,7 +24,7 @@ const LOSS_TOLERANCE: f64 = 0.10;
 const DRIFT_TOLERANCE: f64 = 0.05;
 
 fn config(dtype: Precision) -> LearnerConfig {
-    LearnerConfig { optim: AdamWConfig { lr: 3e-3, ..Default::default() }, micro_batch_tokens: 128, entropy_coef: 0.01, dtype, ..Default::default() }
+    LearnerConfig { optim: AdamWConfig { lr: 3e-3, ..Default::default() }, micro_batch_tokens: 128, entropy_coef: 0.01, dtype: Some(dtype), ..Default::default() }
 }
 
 #[test]
@@ -74,4 +74,21 @@ fn bf16_with_float32_master_weights_follows_the_float32_loss_curve() {
         eprintln!("{name}: master weights vs float32 parameters after {STEPS} steps: ‖Δ‖/‖θ‖ = {:.3}%", 100.0 * drift);
         assert!(drift < DRIFT_TOLERANCE, "{name}: master weights drifted {drift} (relative L2) from the float32 run");
     }
+}
+
+/// `[learner] dtype` unset: bf16 on a GPU, float32 on the CPU; set, as written.
+#[test]
+fn dtype_defaults_to_bf16_on_a_gpu_and_float32_on_the_cpu() {
+    use rlmesh_actors::controller::recipe::Recipe;
+    let base = "reward = \"process\"\n[tasks]\nsize = 10\n";
+    let unset = Recipe::parse("x.toml", base).unwrap();
+    assert_eq!(unset.learner.dtype, None);
+    let cfg = LearnerConfig { dtype: unset.learner.dtype, ..Default::default() };
+    assert_eq!((cfg.precision_on(Device::Cpu), cfg.precision_on(Device::Cuda(0))), (Precision::Float32, Precision::Bf16));
+    for (name, dtype) in [("float32", Precision::Float32), ("bf16", Precision::Bf16)] {
+        let set = Recipe::parse("x.toml", &format!("{base}[learner]\ndtype = \"{name}\"\n")).unwrap();
+        let cfg = LearnerConfig { dtype: set.learner.dtype, ..Default::default() };
+        assert_eq!((cfg.precision_on(Device::Cpu), cfg.precision_on(Device::Cuda(0))), (dtype, dtype), "dtype = {name:?}");
+    }
+    assert!(Recipe::parse("x.toml", &format!("{base}[learner]\ndtype = \"fp16\"\n")).unwrap_err().to_string().contains("dtype"));
 }

@@ -84,7 +84,7 @@ impl Case {
         LearnerConfig {
             optim: AdamWConfig { lr: 1e-5, ..Default::default() },
             micro_batch_tokens: self.budget(),
-            dtype: self.dtype,
+            dtype: Some(self.dtype),
             checkpoint_activations: self.checkpoint,
             ..Default::default()
         }

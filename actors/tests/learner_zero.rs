@@ -173,7 +173,7 @@ fn sharded_bf16_checkpointed_ranks_train_like_unsharded_bf16_ones() {
     let model = tiny_model(dir.path(), "m", 41);
     let job = |shard: Shard, checkpoint: bool, tag: &str| {
         let mut j = job(&model, shard, &dir.path().join(tag));
-        j.config.dtype = Precision::Bf16;
+        j.config.dtype = Some(Precision::Bf16);
         j.config.checkpoint_activations = checkpoint;
         (j.config.pack, j.config.shared_prefix, j.config.micro_batch_tokens) = (true, true, 64);
         j.batches = JobBatches::Train((0..STEPS).map(|i| grouped_batch(2, 4, 10, false, 80 + i)).collect());

@@ -31,8 +31,8 @@ pub fn pair_learner_steps(model_dir: &Path, dev: Device, comm: NcclComm) -> Res<
     let comm = plain.take_comm();
     drop(plain);
 
-    let config = LearnerConfig { dtype: Precision::Bf16, shard: Shard::Gradients, checkpoint_activations: true, ..bench_config(8) };
-    let model = Transformer::load(model_dir, dev, Some(config.dtype.kind()))?;
+    let config = LearnerConfig { dtype: Some(Precision::Bf16), shard: Shard::Gradients, checkpoint_activations: true, ..bench_config(8) };
+    let model = Transformer::load(model_dir, dev, Some(config.precision_on(dev).kind()))?;
     let mut sharded = Learner::new(model, config, comm)?;
     let (mut losses, mut seconds, mut digests) = (vec![], vec![], vec![]);
     for _ in 0..SHARDED_STEPS {

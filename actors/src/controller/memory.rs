@@ -299,7 +299,8 @@ impl MemoryPlan {
         let learner = LearnerMemory {
             world: u64::from(plan.world_size.max(1)),
             shard: recipe.learner.shard,
-            dtype: recipe.learner.dtype,
+            // Unset: bf16 where the learner ranks are on GPUs.
+            dtype: recipe.learner.dtype.unwrap_or(Precision::default_on(plan.processes.iter().flat_map(|p| &p.actors).any(|a| a.role == Role::Learner && a.device != Device::Cpu))),
             checkpoint_activations: recipe.learner.checkpoint_activations,
             reference: recipe.estimator.kl_coef > 0.0,
             micro,
@@ -318,9 +319,6 @@ impl MemoryPlan {
                         // Rank 0 packs each version it publishes (on its GPU for an NCCL group).
                         if a.rank == 0 && (nccl_weights || !on_gpu) {
                             v.push(item("weight-sync image", image));
-                        }
-                        if !on_gpu && learner.world > 1 {
-                            v.push(item("parameter digest scratch", shape.largest_tensor() * learner.dtype.bytes()));
                         }
                         v
                     }

@@ -102,11 +102,6 @@ impl ModelShape {
         let layer = attention + mlp + 2 * h;
         self.vocab * h * if self.tied { 1 } else { 2 } + self.layers * layer + h
     }
-
-    /// The largest single parameter tensor (the embedding), in elements.
-    pub fn largest_tensor(&self) -> u64 {
-        (self.vocab * self.hidden).max(self.hidden * self.intermediate)
-    }
 }
 
 /// One micro-batch of the learner, as it is computed.

@@ -88,7 +88,7 @@ impl Actor for LearnerActor {
                 }
                 _ => None,
             };
-            let model = Transformer::load(&args.model_dir, args.device, Some(args.config.dtype.kind())).map_err(|e| e.to_string())?;
+            let model = Transformer::load(&args.model_dir, args.device, Some(args.config.precision_on(args.device).kind())).map_err(|e| e.to_string())?;
             Learner::new(model, args.config, comm).map_err(|e| e.to_string())
         })
         .await??;
@@ -143,7 +143,7 @@ impl Actor for LearnerActor {
                 let out = device
                     .run(move |l| {
                         let comm = l.take_comm();
-                        let kind = Some(config.dtype.kind());
+                        let kind = Some(config.precision_on(l.model().device()).kind());
                         let r = Learner::resume(&root, config, l.model().device(), kind, comm).map_err(|e| e.to_string())?;
                         *l = r.learner;
                         Ok(r.meta)

@@ -164,6 +164,16 @@ impl Precision {
         }
     }
 
+    /// What a learner computes in where `[learner] dtype` is not set: bf16 on a
+    /// GPU, float32 on the CPU (where bf16 matmuls are slower than float32).
+    pub fn default_on(cuda: bool) -> Precision {
+        if cuda {
+            Precision::Bf16
+        } else {
+            Precision::Float32
+        }
+    }
+
     /// The libtorch kind.
     pub fn kind(self) -> tch::Kind {
         match self {
@@ -241,7 +251,8 @@ pub struct LearnerConfig {
     /// Parameter and compute dtype: the dtype the model is loaded in by the learner's
     /// actor and rank processes (a [`super::Learner`] trains in its model's dtype; with bf16,
     /// AdamW keeps float32 master weights and the gradients are reduced in float32).
-    pub dtype: Precision,
+    /// None: [`Precision::default_on`] the learner's device ([`LearnerConfig::precision_on`]).
+    pub dtype: Option<Precision>,
     /// Recompute each decoder layer's activations in the backward instead of keeping them.
     pub checkpoint_activations: bool,
 }
@@ -271,13 +282,18 @@ impl Default for LearnerConfig {
             bucket_bytes: rlmesh_comm::DEFAULT_BUCKET_BYTES,
             keep_checkpoints: 3,
             shard: Shard::None,
-            dtype: Precision::Float32,
+            dtype: None,
             checkpoint_activations: false,
         }
     }
 }
 
 impl LearnerConfig {
+    /// The dtype a learner on `device` computes in: `dtype`, else bf16 on a GPU and float32 on the CPU.
+    pub fn precision_on(&self, device: tch::Device) -> Precision {
+        self.dtype.unwrap_or(Precision::default_on(device.is_cuda()))
+    }
+
     /// How policy micro-batches are laid out.
     pub(crate) fn packing(&self) -> super::micro::Packing {
         use super::micro::Packing;

@@ -8,6 +8,7 @@
 use super::error::Result;
 use super::optim::{AdamW, ParamSet};
 use rlmesh_comm::{all_gather_sharded, reduce_scatter_sharded, Buf, Collective, DType, ReduceOp, ShardLayout};
+use rlmesh_comm::device_digest::DeviceDigest;
 use tch::{Device, Kind, Tensor};
 
 /// A communicator plus the device whose memory it reduces.
@@ -151,18 +152,42 @@ pub(crate) fn hash_bytes(mut h: u64, bytes: &[u8]) -> u64 {
     h ^ (bytes.len() as u64).wrapping_mul(0xBF58_476D_1CE4_E5B9)
 }
 
-/// Digest of named tensors: names, shapes, dtypes and every byte, in the given order.
+/// Digest of named tensors: names, shapes, dtypes and every byte, in the given order,
+/// computed where the bytes are: a CPU tensor's bytes hashed in place (no copy), a GPU
+/// tensor's by the WordMix64 kernel on its device (`rlmesh_comm::device_digest`), so
+/// only 8 bytes per tensor come to the host. Ranks on the same kind of device agree.
 pub fn digest_tensors(named: &[(String, Tensor)]) -> Result<u64> {
     let mut h = 0xCBF2_9CE4_8422_2325u64;
-    let mut bytes = Vec::new();
     for (name, t) in named {
         h = hash_bytes(h, name.as_bytes());
         h = hash_bytes(h, format!("{:?}{:?}", t.size(), t.kind()).as_bytes());
-        let host = t.to_device(Device::Cpu).contiguous();
-        let n = host.numel() * host.kind().elt_size_in_bytes();
-        bytes.resize(n, 0);
-        host.f_copy_data_u8(&mut bytes, host.numel())?;
-        h = hash_bytes(h, &bytes);
+        let t = t.contiguous();
+        let n = t.numel() * t.kind().elt_size_in_bytes();
+        h = match t.device() {
+            _ if n == 0 => hash_bytes(h, &[]),
+            Device::Cuda(i) => hash_bytes(h, &on_device(i, &t, n)?.to_le_bytes()),
+            // SAFETY: `t` is a contiguous CPU tensor of `n` bytes, alive and unwritten while it is read.
+            _ => hash_bytes(h, unsafe { std::slice::from_raw_parts(t.data_ptr() as *const u8, n) }),
+        };
     }
     Ok(h)
+}
+
+thread_local! {
+    /// The digest kernel of the device this thread last digested on (a learner's device thread keeps one).
+    static DEVICE_DIGEST: std::cell::RefCell<Option<(usize, DeviceDigest)>> = const { std::cell::RefCell::new(None) };
+}
+
+/// WordMix64 of the `n` bytes of contiguous tensor `t` on CUDA device `device`, computed there.
+fn on_device(device: usize, t: &Tensor, n: usize) -> Result<u64> {
+    DEVICE_DIGEST.with(|cell| {
+        let mut cell = cell.borrow_mut();
+        if cell.as_ref().is_none_or(|(d, _)| *d != device) {
+            *cell = Some((device, DeviceDigest::new(device)?));
+        }
+        let (_, kernel) = cell.as_mut().expect("set above");
+        // SAFETY: `t` is contiguous on `device` (libtorch allocations are 8-byte aligned),
+        // alive until the digest returns; the null stream orders the kernel after libtorch's writes.
+        Ok(unsafe { kernel.digest(t.data_ptr() as u64, n, std::ptr::null_mut()) }?)
+    })
 }

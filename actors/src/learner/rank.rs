@@ -103,11 +103,11 @@ pub fn run_rank(job_path: &std::path::Path, rank: usize, world: usize, addr: Opt
     };
     let (mut learner, mut cursor, mut warnings) = match (&job.checkpoint_dir, job.resume) {
         (Some(dir), true) => {
-            let r = Learner::resume(dir, job.config.clone(), Device::Cpu, Some(job.config.dtype.kind()), comm)?;
+            let r = Learner::resume(dir, job.config.clone(), Device::Cpu, Some(job.config.precision_on(Device::Cpu).kind()), comm)?;
             let cursor = r.meta.data_cursor.as_u64().unwrap_or(0);
             (r.learner, cursor, r.warnings)
         }
-        _ => (Learner::new(Transformer::load(&job.model, Device::Cpu, Some(job.config.dtype.kind()))?, job.config.clone(), comm)?, 0, vec![]),
+        _ => (Learner::new(Transformer::load(&job.model, Device::Cpu, Some(job.config.precision_on(Device::Cpu).kind()))?, job.config.clone(), comm)?, 0, vec![]),
     };
     while learner.train_steps() < job.steps {
         let stats = match &job.batches {

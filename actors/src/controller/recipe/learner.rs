@@ -6,7 +6,7 @@
 //! shared_prefix = true        # a group's prompt forwarded once for its G rollouts (default)
 //! micro_batch_tokens = 4096   # computed tokens per packed micro-batch
 //! shard = "none"              # "none" | "optimizer" | "gradients" | "full": state split across ranks
-//! dtype = "float32"           # "float32" | "bf16": parameters and compute
+//! dtype = "bf16"              # "float32" | "bf16": parameters and compute (default: bf16 on a GPU, float32 on the CPU)
 //! checkpoint_activations = false  # recompute each decoder layer in the backward
 //! ```
 //!
@@ -40,10 +40,10 @@ pub struct LearnerSpec {
     /// reduce-scatter), `"full"` (ZeRO-3: parameters too).
     #[serde(default)]
     pub shard: Shard,
-    /// Parameter and compute dtype (default `"float32"`); `"bf16"` keeps float32
-    /// master weights and moments.
+    /// Parameter and compute dtype, `"float32"` or `"bf16"` (float32 master weights
+    /// and moments); unset: bf16 on a GPU, float32 on the CPU.
     #[serde(default)]
-    pub dtype: Precision,
+    pub dtype: Option<Precision>,
     /// Recompute each decoder layer's activations in the backward (default false):
     /// less activation memory for about a third more compute.
     #[serde(default)]
@@ -65,7 +65,7 @@ impl Default for LearnerSpec {
             shared_prefix: true,
             micro_batch_tokens: default_micro_batch_tokens(),
             shard: Shard::None,
-            dtype: Precision::Float32,
+            dtype: None,
             checkpoint_activations: false,
         }
     }
