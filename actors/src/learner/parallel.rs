@@ -186,8 +186,10 @@ fn on_device(device: usize, t: &Tensor, n: usize) -> Result<u64> {
             *cell = Some((device, DeviceDigest::new(device)?));
         }
         let (_, kernel) = cell.as_mut().expect("set above");
-        // SAFETY: `t` is contiguous on `device` (libtorch allocations are 8-byte aligned),
-        // alive until the digest returns; the null stream orders the kernel after libtorch's writes.
+        // The kernel reads 8-byte words: a view starting off a word boundary is copied to a fresh allocation.
+        let t = if t.data_ptr() as usize % 8 == 0 { t.shallow_clone() } else { t.copy() };
+        // SAFETY: `t` is contiguous on `device` and 8-byte aligned, alive until the digest
+        // returns; the null stream orders the kernel after libtorch's writes.
         Ok(unsafe { kernel.digest(t.data_ptr() as u64, n, std::ptr::null_mut()) }?)
     })
 }
