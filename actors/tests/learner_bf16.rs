@@ -8,7 +8,6 @@ mod learner_common;
 use learner_common::*;
 use rlmesh_actors::learner::*;
 use rlmesh_model::Transformer;
-use std::path::Path;
 use tch::{Device, Kind};
 
 /// Steps of each run.
@@ -30,8 +29,7 @@ fn config(dtype: Precision) -> LearnerConfig {
 #[test]
 fn bf16_with_float32_master_weights_follows_the_float32_loss_curve() {
     let dir = tempfile::tempdir().unwrap();
-    let models: [(&str, fn(&Path, &str, i64) -> std::path::PathBuf); 2] = [("qwen2-tiny", tiny_model), ("smollm2-shaped", smollm2_shaped_model)];
-    for (name, make) in models {
+    for (name, make) in TWO_SHAPES {
         let model = make(dir.path(), name, 9);
         let batches: Vec<TrainBatch> = (0..STEPS as u64).map(|i| grouped_batch(3, 4, 10, false, 60 + i)).collect();
         let run = |dtype: Precision| {

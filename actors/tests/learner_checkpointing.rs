@@ -9,7 +9,6 @@ mod learner_common;
 use learner_common::*;
 use rlmesh_actors::learner::*;
 use rlmesh_model::Transformer;
-use std::path::Path;
 use tch::Device;
 
 fn config(pack: bool, shared_prefix: bool, checkpoint: bool) -> LearnerConfig {
@@ -31,8 +30,7 @@ fn config(pack: bool, shared_prefix: bool, checkpoint: bool) -> LearnerConfig {
 #[test]
 fn checkpointed_steps_give_the_plain_steps_gradients() {
     let dir = tempfile::tempdir().unwrap();
-    let models: [(&str, fn(&Path, &str, i64) -> std::path::PathBuf); 2] = [("qwen2-tiny", tiny_model), ("smollm2-shaped", smollm2_shaped_model)];
-    for (name, make) in models {
+    for (name, make) in TWO_SHAPES {
         let model = make(dir.path(), name, 5);
         for (pack, shared) in [(true, true), (true, false), (false, false)] {
             let tag = format!("{name} pack={pack} shared_prefix={shared}");
