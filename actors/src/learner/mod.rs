@@ -42,6 +42,7 @@
 pub mod batch;
 pub mod bench;
 pub mod bench_groups;
+pub mod bench_shard;
 pub mod checkpoint;
 pub mod config;
 pub mod error;

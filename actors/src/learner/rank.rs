@@ -71,6 +71,12 @@ pub struct RankStep {
     /// Bytes of optimizer state this rank holds ([`Learner::optimizer_state_bytes`]).
     #[serde(default)]
     pub optimizer_bytes: u64,
+    /// Wall seconds of the step ([`super::StepStats::seconds`]).
+    #[serde(default)]
+    pub seconds: f64,
+    /// Tokens the step processed over all ranks ([`super::StepStats::tokens`]).
+    #[serde(default)]
+    pub tokens: u64,
 }
 
 /// Parses arguments (without the program name), runs the job, and returns the exit code (0 ok, 1 failure, 2 usage).
@@ -125,6 +131,8 @@ pub fn run_rank(job_path: &std::path::Path, rank: usize, world: usize, addr: Opt
             digest: format!("{:016x}", learner.parameter_digest()?),
             warnings: std::mem::take(&mut warnings),
             optimizer_bytes: learner.optimizer_state_bytes() as u64,
+            seconds: stats.seconds,
+            tokens: stats.tokens as u64,
         };
         println!("{}", serde_json::to_string(&line).expect("serialises"));
     }
