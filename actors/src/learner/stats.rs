@@ -13,7 +13,7 @@ pub struct RatioStats {
     pub max: f64,
 }
 
-/// What one [`Learner::train_step`] or [`Learner::sft_step`] did, over all ranks.
+/// What one [`super::Learner::train_step`] or [`super::Learner::sft_step`] did, over all ranks.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 pub struct StepStats {
     /// The objective (all terms), averaged over the optimizer steps of the call.
