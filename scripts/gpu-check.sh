@@ -14,7 +14,9 @@
 #   3. gpu_check make-models: a tiny Qwen2 and a SmolLM2-135M-shaped model with random weights
 #      (SmolLM2's 538 MB of weights cannot be carried to the machine)
 #   3b. gpu_check nccl-pair: two NCCL ranks on the one GPU (a host id each): results, bandwidth, a
-#       stalled peer's timeout and abort, the group rebuilt, a learner step on it
+#       stalled peer's timeout and abort, the group rebuilt, learner steps on it: float32, then
+#       bf16 with float32 masters, shard = "gradients" and checkpoint_activations (3 timed steps;
+#       both ranks' digests equal, each rank's optimizer state halved)
 #   3c. scripts/gpu-pipeline-check.sh: launcher up deploy/dev-1gpu.toml, weights over NCCL
 #   3d. gpu_check weight-sync: the weight-sync group between two processes at SmolLM2 size,
 #       the host path and NCCL, parameters bit-identical after
@@ -139,8 +141,9 @@ TINY=$MODELS/tiny
 SMOL=$MODELS/smollm2-shape
 
 # --- 3b. two NCCL ranks on this one GPU (a host id each): results, bandwidth against a device copy,
-#         a stalled peer's timeout and abort, the group rebuilt (epoch 2), a learner step on it
-section nccl-pair 90 "$BIN/gpu_check" nccl-pair --model "$TINY" --mib 1,16,256 --iters 5 --timeout-ms 3000
+#         a stalled peer's timeout and abort, the group rebuilt (epoch 2), learner steps on it
+#         (float32, then bf16 + shard = "gradients" + checkpoint_activations)
+section nccl-pair 120 "$BIN/gpu_check" nccl-pair --model "$TINY" --mib 1,16,256 --iters 5 --timeout-ms 3000
 
 # --- 3c. the pipeline on the GPU: deploy/dev-1gpu.toml (rollout and learner processes both on GPU 0),
 #         a short sync recipe from the tiny model; the run directory is checked afterwards

@@ -285,6 +285,21 @@ impl<'a> Buf<'a> {
         self.len * self.dtype.size()
     }
 
+    /// Elements `start..start + len` of this buffer, borrowed (same memory kind and dtype).
+    ///
+    /// Panics when the range is outside the buffer.
+    pub fn slice(&mut self, start: usize, len: usize) -> Buf<'_> {
+        assert!(start.checked_add(len).is_some_and(|end| end <= self.len), "Buf::slice {start}+{len} outside {} elements", self.len);
+        Buf {
+            // SAFETY: inside the buffer (checked above); the result borrows `self` mutably.
+            ptr: unsafe { (self.ptr as *mut u8).add(start * self.dtype.size()) } as *mut c_void,
+            len,
+            dtype: self.dtype,
+            memory: self.memory,
+            _borrow: PhantomData,
+        }
+    }
+
     /// The host slice behind this buffer, if it is a host buffer of type `T`.
     pub(crate) fn host_slice<T: Element>(&mut self) -> Option<&mut [T]> {
         if self.memory != Memory::Host || self.dtype != T::DTYPE {

@@ -29,7 +29,9 @@
 //!   channel. It is `!Send`: it lives on the thread that owns the device.
 //!
 //! Gradients are reduced in flat buckets ([`Bucketer`], 25 MiB by default),
-//! never tensor by tensor. [`worker`] is one rank as a process (the
+//! never tensor by tensor. Sharded state (ZeRO) owns buckets chunk by rank
+//! ([`ShardLayout`]): [`reduce_scatter_sharded`] and [`all_gather_sharded`]
+//! run one in-place collective per bucket, on the CPU ring or NCCL alike. [`worker`] is one rank as a process (the
 //! `rlmesh-comm-worker` binary, also embeddable in the launcher through
 //! [`worker_main`]); [`bench::bench_allreduce`] measures the ring's bus
 //! bandwidth against the loopback copy bandwidth.
@@ -44,6 +46,7 @@ pub mod device_digest;
 pub mod digest;
 pub mod error;
 pub mod nccl;
+pub mod shard;
 pub mod testing;
 pub mod worker;
 pub mod xxh3;
@@ -54,4 +57,5 @@ pub use collective::{Collective, CollectiveExt, ReduceOp};
 pub use cpu::{RingComm, RingConfig};
 pub use error::{CommError, Result};
 pub use nccl::{nccl_available, NcclComm, NcclId};
+pub use shard::{all_gather_sharded, reduce_scatter_sharded, ShardLayout};
 pub use worker::{worker_main, WorkerArgs};

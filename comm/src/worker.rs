@@ -13,14 +13,14 @@
 //! | flag | meaning |
 //! |---|---|
 //! | `--rank R`, `--world N`, `--addr HOST:PORT` | place in the ring and rank 0's rendezvous address (required) |
-//! | `--op OP` | `all-reduce-sum` (default), `all-reduce-mean`, `broadcast`, `reduce-scatter`, `all-gather`, `barrier`, `bucketed` |
+//! | `--op OP` | `all-reduce-sum` (default), `all-reduce-mean`, `broadcast`, `reduce-scatter`, `all-gather`, `barrier`, `bucketed`, `sharded`, `weight-sync` |
 //! | `--bytes B` / `--len L` | buffer size in bytes (1 MiB) or in elements (wins over `--bytes`) |
 //! | `--dtype T` | `f32` (default), `f64`, `bf16` |
 //! | `--iters K`, `--warmup W` | timed iterations (1) and untimed ones before them (0) |
 //! | `--check` | verify every iteration's result against the expected values; exit 1 on a mismatch |
 //! | `--root R` | broadcast root (0) |
 //! | `--slices a,b,c` | slice lengths for `bucketed` (a fixed list of odd sizes) |
-//! | `--bucket-bytes B` | bucket size for `bucketed` (25 MiB) |
+//! | `--bucket-bytes B` | bucket size for `bucketed`, `sharded` and `weight-sync` (25 MiB) |
 //! | `--block-bytes B` | ring pipelining block (256 KiB) |
 //! | `--timeout-ms T`, `--connect-timeout-ms T` | bound on each wait for a peer (60000) and on the rendezvous (60000) |
 //! | `--out FILE` | write the final result bytes (little-endian) to FILE |
@@ -41,7 +41,8 @@ use std::process::ExitCode;
 use std::time::{Duration, Instant};
 
 use crate::bucket::{Bucketer, DEFAULT_BUCKET_BYTES};
-use crate::buffer::{as_bytes, Bf16, DType, Element};
+use crate::buffer::{as_bytes, Bf16, Buf, DType, Element};
+use crate::shard::{all_gather_sharded, reduce_scatter_sharded, ShardLayout};
 use crate::collective::{Collective, CollectiveExt, ReduceOp};
 use crate::cpu::{RingComm, RingConfig, DEFAULT_BLOCK_BYTES};
 use crate::error::{CommError, Result};
@@ -61,6 +62,11 @@ pub enum WorkerOp {
     Barrier,
     /// Bucketed all-reduce (sum) over `--slices`.
     Bucketed,
+    /// Sharded state ([`crate::shard`]): a reduce-scatter by bucket of
+    /// `--bucket-bytes` (each rank's owned ranges checked against an all-reduce
+    /// of the same data), everything not owned overwritten, then the all-gather
+    /// by bucket: every rank ends with the all-reduce's result.
+    Sharded,
     /// A weight sync: broadcast from `--root` in buckets of `--bucket-bytes`,
     /// each receiver digesting every bucket as it arrives and checking it
     /// against the root's digests.
@@ -78,6 +84,7 @@ impl WorkerOp {
             WorkerOp::AllGather => "all-gather",
             WorkerOp::Barrier => "barrier",
             WorkerOp::Bucketed => "bucketed",
+            WorkerOp::Sharded => "sharded",
             WorkerOp::WeightSync => "weight-sync",
         }
     }
@@ -91,6 +98,7 @@ impl WorkerOp {
             "all-gather" => WorkerOp::AllGather,
             "barrier" => WorkerOp::Barrier,
             "bucketed" => WorkerOp::Bucketed,
+            "sharded" => WorkerOp::Sharded,
             "weight-sync" => WorkerOp::WeightSync,
             other => return Err(CommError::Usage(format!("unknown --op {other:?}"))),
         })
@@ -460,6 +468,43 @@ fn plain_sync<T: Element>(args: &WorkerArgs, comm: &mut RingComm, data: &mut [T]
     Ok(())
 }
 
+/// How far a result may be from the expected one: exact for the integer pattern;
+/// with random data the ring's summation order differs from ours, so rounding is allowed.
+fn tolerance<T: Element>(args: &WorkerArgs) -> f64 {
+    match (args.random, T::DTYPE) {
+        (false, _) => 0.0,
+        (true, DType::F64) => 1e-9,
+        (true, DType::F32) => 1e-2,
+        (true, DType::Bf16) => 64.0,
+    }
+}
+
+/// `--op sharded`: see [`WorkerOp::Sharded`].
+fn sharded<T: Element>(args: &WorkerArgs, comm: &mut RingComm, data: &mut Vec<T>) -> Result<()> {
+    let len = data.len();
+    let layout = ShardLayout::new(len, args.world, args.bucket_bytes / T::DTYPE.size() / args.world);
+    let mut reference = data.clone();
+    comm.all_reduce_slice(&mut reference, ReduceOp::Sum)?;
+    data.resize(layout.padded(), T::from_f64(0.0));
+    reduce_scatter_sharded(comm, Buf::host(&mut data[..]), &layout, ReduceOp::Sum)?;
+    let mut owned = vec![false; len];
+    for (a, n) in layout.owned(args.rank) {
+        owned[a..a + n].iter_mut().for_each(|o| *o = true);
+        if let Some(i) = (a..a + n).find(|&i| (data[i].to_f64() - reference[i].to_f64()).abs() > tolerance::<T>(args)) {
+            return Err(CommError::Worker {
+                what: format!("rank {} sharded reduce-scatter", args.rank),
+                detail: format!("owned element {i} is {:?}, the all-reduce gave {:?}", data[i], reference[i]),
+            });
+        }
+    }
+    for (d, _) in data.iter_mut().zip(&owned).filter(|(_, o)| !**o) {
+        *d = T::from_f64(-1.0);
+    }
+    all_gather_sharded(comm, Buf::host(&mut data[..]), &layout)?;
+    data.truncate(len);
+    Ok(())
+}
+
 /// Joins the ring and runs the worker's iterations; returns its report.
 pub fn run_worker(args: &WorkerArgs) -> Result<WorkerReport> {
     let cfg = RingConfig::new(args.rank, args.world, args.addr.clone())
@@ -505,7 +550,7 @@ fn expected<T: Element>(args: &WorkerArgs, len: usize) -> Vec<T> {
     let p = args.world;
     let sum = |i: usize| (0..p).fold(T::from_f64(0.0), |acc, q| acc.add(T::from_f64(value(args, q, i))));
     match args.op {
-        WorkerOp::AllReduce(ReduceOp::Sum) | WorkerOp::Bucketed => (0..len).map(sum).collect(),
+        WorkerOp::AllReduce(ReduceOp::Sum) | WorkerOp::Bucketed | WorkerOp::Sharded => (0..len).map(sum).collect(),
         WorkerOp::AllReduce(ReduceOp::Mean) => (0..len).map(|i| sum(i).div(p)).collect(),
         WorkerOp::Broadcast | WorkerOp::WeightSync => (0..len).map(|i| T::from_f64(value(args, args.root, i))).collect(),
         WorkerOp::ReduceScatter => {
@@ -562,6 +607,7 @@ fn run_typed<T: Element>(args: &WorkerArgs, comm: &mut RingComm) -> Result<Worke
                 }
                 bucketer.all_reduce(comm, &mut slices, ReduceOp::Sum)?;
             }
+            WorkerOp::Sharded => sharded(args, comm, &mut data)?,
             WorkerOp::WeightSync => {
                 // Plain first on even iterations, so neither order is favoured
                 // (and a one-iteration corruption drill ends on the digested sync).
@@ -603,14 +649,7 @@ fn run_typed<T: Element>(args: &WorkerArgs, comm: &mut RingComm) -> Result<Worke
             _ => data.clone(),
         };
         if args.check {
-            // Exact for the integer pattern; with random data the ring's
-            // summation order differs from ours, so allow rounding.
-            let tol = match (args.random, T::DTYPE) {
-                (false, _) => 0.0,
-                (true, DType::F64) => 1e-9,
-                (true, DType::F32) => 1e-2,
-                (true, DType::Bf16) => 64.0,
-            };
+            let tol = tolerance::<T>(args);
             if let Some(i) = (0..want.len()).find(|&i| (result[i].to_f64() - want[i].to_f64()).abs() > tol) {
                 return Err(CommError::Worker {
                     what: format!("rank {} {} check", args.rank, args.op.name()),

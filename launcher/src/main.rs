@@ -51,6 +51,12 @@ enum Command {
     Bench(cmd::bench::BenchArgs),
     /// One process of a distributed run, started by `up` (its place comes from the plan's RLMESH_* environment).
     Node(cmd::up::NodeArgs),
+    /// Internal: one learner rank for `bench learner --shard` (a job file, --rank, --world, --addr).
+    #[command(hide = true, disable_help_flag = true)]
+    LearnerRank {
+        #[arg(trailing_var_arg = true, allow_hyphen_values = true)]
+        args: Vec<String>,
+    },
     /// Internal: one collective rank for `bench allreduce` (rlmesh_comm's worker flags).
     #[command(hide = true, disable_help_flag = true)]
     CommWorker {
@@ -85,6 +91,7 @@ fn main() -> ExitCode {
         Command::Report(a) => cmd::report::run(a),
         Command::Node(a) => cmd::up::node(a),
         Command::CommWorker { args } => return rlmesh_comm::worker_main(args),
+        Command::LearnerRank { args } => return rlmesh_actors::learner::rank::rank_main(args),
         Command::Score(a) => cmd::inspect::score(a),
         Command::Render(a) => cmd::inspect::render(a),
         Command::Chat(a) => cmd::chat::run(a),

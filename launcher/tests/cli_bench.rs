@@ -108,6 +108,30 @@ fn bench_learner_alternates_rounds_and_can_give_the_peer_fused_adamw() {
     assert!(r["ours_median_s"].as_f64().unwrap() > 0.0 && r["torch_median_s"].as_f64().unwrap() > 0.0, "{r}");
 }
 
+/// `launcher bench learner --shard gradients --ranks 2`: the sharded and the unsharded learner,
+/// each as two hidden `launcher learner-rank` processes on the CPU ring, on the same batches: the
+/// same losses, half the optimizer state per rank, both sides' tokens/s and their ratio.
+#[test]
+fn bench_learner_shard_times_sharded_against_unsharded_ranks() {
+    let o = launcher(&["bench", "learner", "--models", "tiny", "--shard", "gradients", "--ranks", "2", "--batch", "4", "--seq-len", "32", "--iters", "2", "--warmup", "1", "--threads", "2"]);
+    assert_eq!(code(&o), 0, "{}", stderr(&o));
+    let report: Value = serde_json::from_str(stdout(&o).lines().last().unwrap()).unwrap();
+    let r = &report["reports"][0];
+    let (none, sharded) = (&r["none"], &r["sharded"]);
+    assert_eq!(sharded["shard"], "gradients", "{r}");
+    let rate = |s: &Value| s["tokens_per_s"].as_f64().unwrap();
+    assert!(rate(none) > 0.0 && rate(sharded) > 0.0 && (r["ratio"].as_f64().unwrap() - rate(sharded) / rate(none)).abs() < 1e-9, "{r}");
+    assert_eq!(none["losses"].as_array().map(Vec::len), Some(3), "{r}");
+    assert!(r["loss_rel_diff"].as_f64().unwrap() < 1e-5, "{r}");
+    let bytes = |s: &Value| s["optimizer_bytes"].as_array().unwrap().iter().map(|b| b.as_u64().unwrap()).collect::<Vec<_>>();
+    let (whole, half) = (bytes(none), bytes(sharded));
+    assert!(half.iter().zip(&whole).all(|(h, w)| *h * 2 >= *w && *h * 2 <= *w + 64), "{half:?} vs {whole:?}");
+
+    let o = launcher(&["bench", "learner", "--models", "tiny", "--shard", "gradients", "--ranks", "1"]);
+    assert_eq!(code(&o), 2);
+    assert!(stderr(&o).contains("--ranks at least 2"), "{}", stderr(&o));
+}
+
 /// `launcher bench learner --workload groups`: the shared-prefix, packed and padded layouts and
 /// the PyTorch peer on one grouped batch, each layout computing what its layout says.
 #[test]

@@ -97,3 +97,73 @@ fn an_unknown_instruction_set_cap_is_refused_with_exit_2() {
         assert_eq!(code(&o), 0, "{ok}: {}", stderr(&o));
     }
 }
+
+/// `plan --recipe`: the bytes every process of the 32-GPU topology holds for the 7B recipe,
+/// read from a config-only model directory (no weights), and why it does not fit today.
+#[test]
+fn plan_with_a_recipe_sizes_each_process_from_config_json_alone() {
+    let o = launcher(&["plan", "deploy/h100x32.toml", "--recipe", "configs/qwen2.5-7b-h100x32.toml"]);
+    assert_eq!(code(&o), 0, "{}", stderr(&o));
+    let out = stdout(&o);
+    assert!(out.contains("memory plan: deploy/models/qwen2.5-7b (7.616 B parameters); learner: 16 rank(s), shard none, float32"), "{out}");
+    // float32 and unsharded: 16 bytes a parameter, the largest item AdamW's moments.
+    assert!(out.contains("does not fit: ") && out.contains("n2/learner-0 needs ") && out.contains("its largest item is optimizer state (56.7 GiB)"), "{out}");
+
+    let o = launcher(&["plan", "deploy/h100x32.toml", "--recipe", "configs/qwen2.5-7b-h100x32.toml", "--json"]);
+    assert_eq!(code(&o), 0, "{}", stderr(&o));
+    let v: Value = serde_json::from_str(&stdout(&o)).unwrap();
+    assert_eq!(v["plan"]["world_size"], 16);
+    let m = &v["memory"];
+    let p = 7_615_616_512u64;
+    assert_eq!(m["parameters"], p);
+    let procs = m["processes"].as_array().unwrap();
+    assert_eq!(procs.len(), 32, "every GPU process: 16 rollout, 16 learner");
+    let item = |proc: &str, what: &str| {
+        let p = procs.iter().find(|x| x["process"] == proc).unwrap_or_else(|| panic!("{proc}"));
+        p["items"].as_array().unwrap().iter().find(|i| i["what"] == what).map(|i| i["bytes"].as_u64().unwrap())
+    };
+    assert_eq!(item("n2/learner-0", "weights"), Some(4 * p));
+    assert_eq!(item("n2/learner-0", "gradients"), Some(4 * p));
+    assert_eq!(item("n2/learner-0", "optimizer state"), Some(8 * p));
+    assert_eq!(item("n2/learner-0", "weight-sync image"), Some(4 * p), "rank 0 packs the version it publishes");
+    assert_eq!(item("n2/learner-1", "weight-sync image"), None);
+    assert!(item("n0/rollout-0", "KV cache").unwrap() > 0 && item("n0/rollout-0", "weight-sync receive buffer") == Some(4 * p));
+    for q in procs {
+        assert_eq!(q["capacity"], 81_559u64 << 20, "H100-80GB");
+    }
+
+    // A tiny recipe on the same GPUs fits.
+    let o = launcher(&["plan", "deploy/h100x32.toml", "--recipe", "configs/calculator-process.toml"]);
+    assert_eq!(code(&o), 0, "{}", stderr(&o));
+    assert!(stdout(&o).contains("fits: every GPU holds its processes\n"), "{}", stdout(&o));
+    // A topology whose nodes name no gpu_type is planned, and said not to be checked.
+    let o = launcher(&["plan", "deploy/dev-2gpu.toml", "--recipe", "configs/calculator-process.toml"]);
+    assert!(stdout(&o).contains("(not checked: no memory size known for gpu_type (no gpu_type))"), "{}", stdout(&o));
+}
+
+/// `up` refuses a run whose plan does not fit its GPUs, exit 2, naming the process and
+/// its largest item, before anything is started or written.
+#[test]
+fn up_refuses_a_plan_that_does_not_fit_the_gpus() {
+    let dir = tempfile::tempdir().unwrap();
+    let run = dir.path().join("run");
+    let o = launcher(&["up", "deploy/h100x32.toml", "--recipe", "configs/qwen2.5-7b-h100x32.toml", "--dry-run", "--run-dir", run.to_str().unwrap()]);
+    assert_eq!(code(&o), 2, "{}", stdout(&o));
+    let err = stderr(&o);
+    assert!(err.contains("configs/qwen2.5-7b-h100x32.toml on deploy/h100x32.toml: the run does not fit its GPUs' memory"), "{err}");
+    assert!(err.contains("n2/learner-0 needs ") && err.contains("its largest item is optimizer state"), "{err}");
+    assert!(err.contains("n0/rollout-0 needs ") && err.contains("its largest item is prefill activations"), "{err}");
+    assert!(!run.exists(), "nothing written");
+}
+
+/// `[learner] shard = "full"` is refused by name, not ignored.
+#[test]
+fn unimplemented_learner_settings_are_refused_naming_the_field() {
+    let dir = tempfile::tempdir().unwrap();
+    let text = std::fs::read_to_string(repo().join("configs/qwen2.5-7b-h100x32.toml")).unwrap();
+    let bad = dir.path().join("full.toml");
+    std::fs::write(&bad, text.replace("shard = \"none\"", "shard = \"full\"")).unwrap();
+    let o = launcher(&["plan", "deploy/h100x32.toml", "--recipe", bad.to_str().unwrap()]);
+    assert_eq!(code(&o), 2);
+    assert!(stderr(&o).contains("field \"learner.shard\": \"full\" (ZeRO-3: parameters split too) is not implemented yet"), "{}", stderr(&o));
+}

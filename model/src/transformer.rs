@@ -4,6 +4,17 @@
 //! Parameters live in a `tch::nn::VarStore` under the Hugging Face names
 //! (`model.layers.3.self_attn.q_proj.weight`, …), so loading, saving, the
 //! optimiser and the weight digest all see the same names.
+//!
+//! Activation checkpointing ([`Transformer::checkpointed`]): a training step
+//! may keep only each decoder layer's input instead of everything autograd
+//! saves inside the layers, and recompute one layer at a time in the backward.
+//! libtorch offers no custom autograd function through tch, so the backward of
+//! the layers is run by hand: the forward keeps the inputs and hands the loss
+//! a leaf for the last layer's output; after the loss's backward has filled
+//! that leaf's gradient, the same forward call is made again and, layer by
+//! layer from the last, recomputes the layer on its saved input and
+//! backpropagates the gradient through it (parameter gradients accumulate as
+//! in one backward), ending in the embedding.
 use crate::cache::KvCache;
 use crate::config::ModelConfig;
 use crate::error::{ModelError, Result};
@@ -60,6 +71,16 @@ pub(crate) struct Layer {
     pub(crate) down: Linear,
 }
 
+/// Where a checkpointed step stands (see the module doc).
+enum Checkpoint {
+    /// The next forward keeps each layer's input only.
+    Forward,
+    /// The forward ran: the layers' inputs, and the leaf the loss saw as the last layer's output.
+    Saved { inputs: Vec<Tensor>, top: Tensor },
+    /// The loss's backward ran: the next forward recomputes and backpropagates the layers.
+    Backward { inputs: Vec<Tensor>, top: Tensor },
+}
+
 /// The policy network.
 pub struct Transformer {
     /// Hyper-parameters.
@@ -71,6 +92,8 @@ pub struct Transformer {
     pub(crate) norm: RmsNorm,
     lm_head: Tensor,
     inv_freq: Tensor,
+    /// Activation checkpointing's state during a checkpointed step.
+    checkpoint: std::sync::Mutex<Option<Checkpoint>>,
 }
 
 /// Token positions and the attention mask for one forward call.
@@ -145,7 +168,7 @@ impl Transformer {
         if kind != Kind::Float {
             vs.set_kind(kind);
         }
-        Transformer { config, vs, embed, layers, norm, lm_head, inv_freq }
+        Transformer { config, vs, embed, layers, norm, lm_head, inv_freq, checkpoint: std::sync::Mutex::new(None) }
     }
 
     /// The device the parameters live on.
@@ -234,16 +257,79 @@ impl Transformer {
     /// The decoder layers and the final norm over embeddings `x`; `attend(layer, q, k, v)`
     /// gets each layer's query, key and value projections (before RoPE) and returns the
     /// attention output in `x`'s token layout, before the output projection.
-    #[allow(clippy::assign_op_pattern)] // `a = a + b` on tensors: `+=` would write in place into a tensor autograd or a view shares
+    /// Inside [`Transformer::checkpointed`] it keeps only the layers' inputs, or
+    /// (its second call) recomputes and backpropagates the layers.
     pub(crate) fn layers_forward(&self, mut x: Tensor, mut attend: impl FnMut(usize, &Tensor, &Tensor, &Tensor) -> Tensor) -> Tensor {
-        for (i, layer) in self.layers.iter().enumerate() {
-            let h = layer.input_norm.forward(&x);
-            let attn = attend(i, &layer.q.forward(&h), &layer.k.forward(&h), &layer.v.forward(&h));
-            x = x + layer.o.forward(&attn);
-            let h = layer.post_norm.forward(&x);
-            x = x + layer.down.forward(&(layer.gate.forward(&h).silu() * layer.up.forward(&h)));
+        let state = self.checkpoint.lock().expect("checkpoint state").take();
+        match state {
+            None => {
+                for (i, layer) in self.layers.iter().enumerate() {
+                    x = self.layer_forward(i, layer, &x, &mut attend);
+                }
+                self.norm.forward(&x)
+            }
+            Some(Checkpoint::Forward) => {
+                let mut inputs = Vec::with_capacity(self.layers.len());
+                tch::no_grad(|| {
+                    for (i, layer) in self.layers.iter().enumerate() {
+                        let input = x.detach();
+                        x = self.layer_forward(i, layer, &input, &mut attend);
+                        inputs.push(input);
+                    }
+                });
+                let top = x.detach().set_requires_grad(true);
+                let out = self.norm.forward(&top);
+                *self.checkpoint.lock().expect("checkpoint state") = Some(Checkpoint::Saved { inputs, top });
+                out
+            }
+            Some(Checkpoint::Backward { inputs, top }) => {
+                let mut grad = top.grad();
+                for (i, input) in inputs.into_iter().enumerate().rev() {
+                    let input = input.set_requires_grad(true);
+                    let out = self.layer_forward(i, &self.layers[i], &input, &mut attend);
+                    (out * &grad).sum(Kind::Float).backward();
+                    grad = input.grad();
+                }
+                // The embedding's gradient, through `x`'s own graph.
+                (&x * &grad).sum(Kind::Float).backward();
+                top
+            }
+            Some(saved @ Checkpoint::Saved { .. }) => {
+                *self.checkpoint.lock().expect("checkpoint state") = Some(saved);
+                panic!("a checkpointed forward ran twice before its backward");
+            }
         }
-        self.norm.forward(&x)
+    }
+
+    /// One decoder layer over its input `x`.
+    #[allow(clippy::assign_op_pattern)] // `a = a + b` on tensors: `+=` would write in place into a tensor autograd or a view shares
+    fn layer_forward(&self, i: usize, layer: &Layer, x: &Tensor, attend: &mut impl FnMut(usize, &Tensor, &Tensor, &Tensor) -> Tensor) -> Tensor {
+        let h = layer.input_norm.forward(x);
+        let attn = attend(i, &layer.q.forward(&h), &layer.k.forward(&h), &layer.v.forward(&h));
+        let x = x + layer.o.forward(&attn);
+        let h = layer.post_norm.forward(&x);
+        &x + layer.down.forward(&(layer.gate.forward(&h).silu() * layer.up.forward(&h)))
+    }
+
+    /// A training step's forward and backward with activation checkpointing:
+    /// `loss()` runs the forward (whose one call of this model's forward keeps
+    /// only the decoder layers' inputs) and returns the loss; its backward is
+    /// taken; then `forward()` must make the same forward call again, which
+    /// recomputes the layers one at a time and backpropagates through them.
+    /// Parameter gradients end as one backward of the plain forward leaves them.
+    /// `loss()` returning `None` (nothing to train) skips both.
+    pub fn checkpointed<E>(&self, loss: impl FnOnce() -> std::result::Result<Option<Tensor>, E>, forward: impl FnOnce() -> std::result::Result<Tensor, E>) -> std::result::Result<bool, E> {
+        let set = |c: Option<Checkpoint>| *self.checkpoint.lock().expect("checkpoint state") = c;
+        set(Some(Checkpoint::Forward));
+        let out = loss();
+        let state = self.checkpoint.lock().expect("checkpoint state").take();
+        let Some(loss) = out? else { return Ok(false) };
+        let Some(Checkpoint::Saved { inputs, top }) = state else { panic!("the checkpointed loss did not run this model's forward") };
+        loss.backward();
+        set(Some(Checkpoint::Backward { inputs, top }));
+        let again = forward();
+        set(None);
+        again.map(|_| true)
     }
 
     /// The output projection `[V, H]` (the embedding when tied).

@@ -10,6 +10,8 @@
 //! - [`source`] — TOML loading whose errors name the file, line and field;
 //! - [`status`] — `RUN_DIR/status.json`, written by the job, read by `launcher status`/`down`;
 //! - [`run_dir`] — a run directory's owner: the lock the live job holds.
+//! - [`memory`] — `launcher plan --recipe`: the bytes each process holds on its device, read
+//!   from the model's shape ([`shape`]: `config.json`, the recipe's largest RL micro-batch).
 //!
 //! On them, a run is sequenced by [`run`], one file per phase: `setup` (the
 //! run directory, `/metrics`, the other processes, the policy, the actors),
@@ -27,6 +29,8 @@ mod finish;
 pub mod init;
 mod journal;
 pub mod ledger;
+pub mod memory;
+pub mod shape;
 pub mod plan;
 mod progress;
 pub mod recipe;

@@ -261,6 +261,9 @@ impl Roles {
             micro_batch_size: recipe.sft.micro_batch_size.min(recipe.sft.batch_size),
             seed: recipe.seed,
             value: value_head(recipe),
+            shard: recipe.learner.shard,
+            dtype: recipe.learner.dtype,
+            checkpoint_activations: recipe.learner.checkpoint_activations,
             ..Default::default()
         };
         let rollout = RolloutConfig {
@@ -403,6 +406,9 @@ pub(super) fn rl_learner_config(recipe: &Recipe) -> LearnerConfig {
         pack: recipe.learner.pack,
         shared_prefix: recipe.learner.shared_prefix,
         micro_batch_tokens: recipe.learner.micro_batch_tokens,
+        shard: recipe.learner.shard,
+        dtype: recipe.learner.dtype,
+        checkpoint_activations: recipe.learner.checkpoint_activations,
         max_grad_norm: Some(1.0),
         seed: recipe.seed,
         kl,

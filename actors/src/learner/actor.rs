@@ -88,7 +88,7 @@ impl Actor for LearnerActor {
                 }
                 _ => None,
             };
-            let model = Transformer::load(&args.model_dir, args.device, Some(tch::Kind::Float)).map_err(|e| e.to_string())?;
+            let model = Transformer::load(&args.model_dir, args.device, Some(args.config.precision_on(args.device).kind())).map_err(|e| e.to_string())?;
             Learner::new(model, args.config, comm).map_err(|e| e.to_string())
         })
         .await??;
@@ -135,15 +135,16 @@ impl Actor for LearnerActor {
                 let _ = reply.send(out);
             }
             LearnerMsg::Checkpoint(root, meta, reply) => {
-                // Ranks hold identical state after every step: rank 0 writes for all.
-                let out = device.run(move |l| if l.rank().0 == 0 { l.save_checkpoint(&root, &meta).map_err(|e| e.to_string()) } else { Ok(root) }).await?;
+                // Every rank: rank 0 writes the checkpoint, and with sharded state each rank its own optimizer file.
+                let out = device.run(move |l| l.save_checkpoint(&root, &meta).map_err(|e| e.to_string())).await?;
                 let _ = reply.send(out);
             }
             LearnerMsg::Resume(root, config, reply) => {
                 let out = device
                     .run(move |l| {
                         let comm = l.take_comm();
-                        let r = Learner::resume(&root, config, l.model().device(), Some(tch::Kind::Float), comm).map_err(|e| e.to_string())?;
+                        let kind = Some(config.precision_on(l.model().device()).kind());
+                        let r = Learner::resume(&root, config, l.model().device(), kind, comm).map_err(|e| e.to_string())?;
                         *l = r.learner;
                         Ok(r.meta)
                     })

@@ -4,6 +4,14 @@
 //! weights) and `state.json` (steps, RNG state, β, policy version, data
 //! cursor, and a hash of every other file). `ROOT/latest` links the newest.
 //!
+//! A learner whose optimizer state is sharded across ranks (`shard`) writes
+//! `optimizer-rankNNNNN.safetensors`, one per rank, each the rank's own state,
+//! and `state.json` records their layout ([`ShardLayout`]); every rank calls
+//! [`Learner::save_checkpoint`] then (rank 0 writes everything else), and the
+//! directory must be one they all reach. A resumed learner takes each element
+//! of its state from the file of the rank that owned it, so a run resumes on
+//! another number of ranks, sharded or not.
+//!
 //! Writing is atomic: everything goes to a temporary directory, is fsynced,
 //! and the directory is renamed into place (then `latest` is swapped by a
 //! rename); a crash mid-write leaves the previous checkpoints intact. Only
@@ -14,7 +22,7 @@ use super::config::LearnerConfig;
 use super::error::{io_err, LearnerError, Result};
 use super::parallel::hash_bytes;
 use super::trainer::Learner;
-use rlmesh_comm::Collective;
+use rlmesh_comm::{Collective, ShardLayout};
 use rlmesh_model::io::write_safetensors;
 use rlmesh_model::Transformer;
 use serde::{Deserialize, Serialize};
@@ -43,6 +51,9 @@ struct State {
     params: Vec<String>,
     /// File name → hash (hex) of its bytes.
     files: BTreeMap<String, String>,
+    /// The layout of sharded optimizer state (one file per rank); absent: `optimizer.safetensors`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    optimizer_shards: Option<ShardLayout>,
 }
 
 const FORMAT: u32 = 1;
@@ -51,6 +62,11 @@ const OPTIMIZER: &str = "optimizer.safetensors";
 const VALUE_HEAD: &str = "value_head.safetensors";
 /// The frozen reference policy's weights (only with a KL term).
 const REFERENCE: &str = "reference.safetensors";
+
+/// Rank `rank`'s optimizer state in a sharded checkpoint.
+fn shard_file(rank: usize) -> String {
+    format!("optimizer-rank{rank:05}.safetensors")
+}
 
 /// A learner restored from a checkpoint.
 pub struct Resumed {
@@ -90,15 +106,48 @@ fn fsync(path: &Path) -> Result<()> {
 }
 
 impl Learner {
-    /// Writes a checkpoint of this learner under `root` (call on rank 0) and returns its directory.
-    pub fn save_checkpoint(&self, root: &Path, meta: &CheckpointMeta) -> Result<PathBuf> {
-        std::fs::create_dir_all(root).map_err(io_err(root))?;
+    /// Writes a checkpoint of this learner under `root` and returns its directory.
+    /// Call it on every rank: with unsharded state rank 0 writes it alone (the
+    /// ranks hold the same state) and the others return at once; with sharded
+    /// state each rank writes its own optimizer file, then rank 0 the rest.
+    pub fn save_checkpoint(&mut self, root: &Path, meta: &CheckpointMeta) -> Result<PathBuf> {
         let name = format!("step-{:08}", self.train_steps);
-        let tmp = root.join(format!(".tmp-{name}-{}", std::process::id()));
-        if tmp.exists() {
-            std::fs::remove_dir_all(&tmp).map_err(io_err(&tmp))?;
+        let dest = root.join(&name);
+        let (rank, world) = self.rank();
+        let sharded = self.optim.layout.world > 1;
+        if !sharded && rank != 0 {
+            return Ok(dest);
         }
-        self.model.save(&tmp, None)?;
+        // The ranks of a sharded learner share the temporary directory: rank 0 makes it first.
+        let tmp = if sharded { root.join(format!(".tmp-{name}-of-{world}")) } else { root.join(format!(".tmp-{name}-{}", std::process::id())) };
+        if rank == 0 {
+            std::fs::create_dir_all(root).map_err(io_err(root))?;
+            if tmp.exists() {
+                std::fs::remove_dir_all(&tmp).map_err(io_err(&tmp))?;
+            }
+            std::fs::create_dir_all(&tmp).map_err(io_err(&tmp))?;
+        }
+        if sharded {
+            self.barrier()?;
+            let file = tmp.join(shard_file(rank));
+            write_safetensors(&file, &self.optim.state())?;
+            fsync(&file)?;
+            self.barrier()?;
+        }
+        if rank == 0 {
+            self.write_rank0(root, &tmp, &dest, meta, sharded)?;
+        }
+        if sharded {
+            // No rank goes on (and, say, resumes) before the checkpoint is in place.
+            self.barrier()?;
+        }
+        Ok(dest)
+    }
+
+    /// Rank 0's part of a checkpoint: the model and everything but other ranks' optimizer
+    /// files into `tmp`, `state.json` with every file's hash, then `tmp` renamed to `dest`.
+    fn write_rank0(&self, root: &Path, tmp: &Path, dest: &Path, meta: &CheckpointMeta, sharded: bool) -> Result<()> {
+        self.model.save(tmp, None)?;
         if let Some(v) = &self.value_head {
             write_safetensors(&tmp.join(VALUE_HEAD), &v.named())?;
         }
@@ -107,10 +156,12 @@ impl Learner {
             named.sort_by(|a, b| a.0.cmp(&b.0));
             write_safetensors(&tmp.join(REFERENCE), &named)?;
         }
-        write_safetensors(&tmp.join(OPTIMIZER), &self.optim.state())?;
+        if !sharded {
+            write_safetensors(&tmp.join(OPTIMIZER), &self.optim.state())?;
+        }
         let mut files = BTreeMap::new();
-        for entry in std::fs::read_dir(&tmp).map_err(io_err(&tmp))? {
-            let path = entry.map_err(io_err(&tmp))?.path();
+        for entry in std::fs::read_dir(tmp).map_err(io_err(tmp))? {
+            let path = entry.map_err(io_err(tmp))?.path();
             fsync(&path)?;
             files.insert(path.file_name().expect("file").to_string_lossy().into_owned(), file_hash(&path)?);
         }
@@ -123,16 +174,17 @@ impl Learner {
             meta: meta.clone(),
             params: self.params.names.clone(),
             files,
+            optimizer_shards: sharded.then_some(self.optim.layout),
         };
         let state_path = tmp.join(STATE);
         std::fs::write(&state_path, serde_json::to_vec_pretty(&state).expect("state serialises")).map_err(io_err(&state_path))?;
         fsync(&state_path)?;
-        fsync(&tmp)?;
-        let dest = root.join(&name);
+        fsync(tmp)?;
         if dest.exists() {
-            std::fs::remove_dir_all(&dest).map_err(io_err(&dest))?;
+            std::fs::remove_dir_all(dest).map_err(io_err(dest))?;
         }
-        std::fs::rename(&tmp, &dest).map_err(io_err(&dest))?;
+        std::fs::rename(tmp, dest).map_err(io_err(dest))?;
+        let name = dest.file_name().expect("step directory").to_string_lossy().into_owned();
         let link_tmp = root.join(format!(".latest-{}", std::process::id()));
         let _ = std::fs::remove_file(&link_tmp);
         std::os::unix::fs::symlink(&name, &link_tmp).map_err(io_err(&link_tmp))?;
@@ -141,7 +193,7 @@ impl Learner {
         for (_, old) in list_checkpoints(root).into_iter().skip(self.config.keep_checkpoints.max(1)) {
             std::fs::remove_dir_all(&old).map_err(io_err(&old))?;
         }
-        Ok(dest)
+        Ok(())
     }
 
     /// Restores the newest usable checkpoint under `root` onto `device`
@@ -176,7 +228,6 @@ struct Loaded {
     model: Transformer,
     value_head: Option<Vec<(String, Tensor)>>,
     reference: Option<Vec<(String, Tensor)>>,
-    optimizer: Vec<(String, Tensor)>,
 }
 
 impl Loaded {
@@ -198,7 +249,10 @@ impl Loaded {
         let value = if value_head { Some(read(VALUE_HEAD)?) } else { None };
         // A learner with KL had a reference model, or took reference log-probs with each batch.
         let reference = if reference && path.join(REFERENCE).exists() { Some(read(REFERENCE)?) } else { None };
-        Ok(Loaded { model: Transformer::load(path, device, kind)?, value_head: value, reference, optimizer: read(OPTIMIZER)?, state })
+        if !path.join(OPTIMIZER).exists() && state.optimizer_shards.is_none() {
+            return Err(bad(format!("{OPTIMIZER} missing")));
+        }
+        Ok(Loaded { model: Transformer::load(path, device, kind)?, value_head: value, reference, state })
     }
 
     fn into_learner(self, path: &Path, config: LearnerConfig, comm: Option<Box<dyn Collective>>) -> Result<(Learner, CheckpointMeta)> {
@@ -229,7 +283,14 @@ impl Loaded {
             }
             learner.set_reference(r);
         }
-        learner.optim.load_state(&self.optimizer, self.state.optimizer_steps, &path.join(OPTIMIZER))?;
+        // The saved optimizer state, one file or one per rank of the saving run, read as this rank needs it.
+        let total = learner.optim.layout.total;
+        let (saved, file): (ShardLayout, fn(usize) -> String) = match self.state.optimizer_shards {
+            Some(layout) => (layout, shard_file),
+            None => (ShardLayout::whole(total), |_| OPTIMIZER.to_string()),
+        };
+        let read = |rank: usize| Tensor::read_safetensors(path.join(file(rank))).map_err(|e| LearnerError::Checkpoint { path: path.join(file(rank)), message: e.to_string() });
+        learner.optim.load_state(&saved, read, self.state.optimizer_steps, path)?;
         learner.rng = self.state.rng;
         learner.kl_coef = self.state.kl_coef;
         learner.train_steps = self.state.train_steps;

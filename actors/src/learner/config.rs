@@ -103,6 +103,96 @@ impl Default for AdamWConfig {
     }
 }
 
+/// How the learner's state is split across its data-parallel ranks (ZeRO stages).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Shard {
+    /// Every rank holds everything: parameters, gradients, AdamW's moments.
+    #[default]
+    None,
+    /// ZeRO-1: AdamW's moments and float32 master weights split across ranks.
+    Optimizer,
+    /// ZeRO-2: as `optimizer`, and gradients reduce-scattered instead of all-reduced.
+    Gradients,
+    /// ZeRO-3 / FSDP: parameters split too, each layer gathered for its use.
+    Full,
+}
+
+impl Shard {
+    /// The name a recipe spells.
+    pub fn name(self) -> &'static str {
+        match self {
+            Shard::None => "none",
+            Shard::Optimizer => "optimizer",
+            Shard::Gradients => "gradients",
+            Shard::Full => "full",
+        }
+    }
+
+    /// Whether AdamW's state is split across ranks.
+    pub fn splits_optimizer(self) -> bool {
+        self != Shard::None
+    }
+}
+
+/// The dtype the learner keeps its parameters and computes in.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub enum Precision {
+    /// float32 everywhere.
+    #[default]
+    #[serde(rename = "float32")]
+    Float32,
+    /// bfloat16 parameters and compute; float32 gradients, master weights and moments.
+    #[serde(rename = "bf16")]
+    Bf16,
+}
+
+impl Precision {
+    /// The name a recipe spells.
+    pub fn name(self) -> &'static str {
+        match self {
+            Precision::Float32 => "float32",
+            Precision::Bf16 => "bf16",
+        }
+    }
+
+    /// Bytes per parameter (and per activation element).
+    pub fn bytes(self) -> u64 {
+        match self {
+            Precision::Float32 => 4,
+            Precision::Bf16 => 2,
+        }
+    }
+
+    /// What a learner computes in where `[learner] dtype` is not set: bf16 on a
+    /// GPU, float32 on the CPU (where bf16 matmuls are slower than float32).
+    pub fn default_on(cuda: bool) -> Precision {
+        if cuda {
+            Precision::Bf16
+        } else {
+            Precision::Float32
+        }
+    }
+
+    /// The libtorch kind.
+    pub fn kind(self) -> tch::Kind {
+        match self {
+            Precision::Float32 => tch::Kind::Float,
+            Precision::Bf16 => tch::Kind::BFloat16,
+        }
+    }
+}
+
+/// Which values of `shard` this build implements (every `dtype` and
+/// `checkpoint_activations` is): `Err((field, why))` names the first field asking for more.
+/// A recipe and a learner both refuse the rest, so nothing is silently ignored.
+pub fn check_implemented(shard: Shard) -> std::result::Result<(), (&'static str, String)> {
+    if shard == Shard::Full {
+        return Err(("shard", "\"full\" (ZeRO-3: parameters split too) is not implemented yet (implemented: \"none\", \"optimizer\", \"gradients\")".into()));
+    }
+    Ok(())
+}
+
 /// Everything the learner needs to know.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 #[serde(default)]
@@ -156,6 +246,15 @@ pub struct LearnerConfig {
     pub bucket_bytes: usize,
     /// Checkpoints kept on disk.
     pub keep_checkpoints: usize,
+    /// How state is split across data-parallel ranks.
+    pub shard: Shard,
+    /// Parameter and compute dtype: the dtype the model is loaded in by the learner's
+    /// actor and rank processes (a [`super::Learner`] trains in its model's dtype; with bf16,
+    /// AdamW keeps float32 master weights and the gradients are reduced in float32).
+    /// None: [`Precision::default_on`] the learner's device ([`LearnerConfig::precision_on`]).
+    pub dtype: Option<Precision>,
+    /// Recompute each decoder layer's activations in the backward instead of keeping them.
+    pub checkpoint_activations: bool,
 }
 
 impl Default for LearnerConfig {
@@ -182,11 +281,19 @@ impl Default for LearnerConfig {
             seed: 0,
             bucket_bytes: rlmesh_comm::DEFAULT_BUCKET_BYTES,
             keep_checkpoints: 3,
+            shard: Shard::None,
+            dtype: None,
+            checkpoint_activations: false,
         }
     }
 }
 
 impl LearnerConfig {
+    /// The dtype a learner on `device` computes in: `dtype`, else bf16 on a GPU and float32 on the CPU.
+    pub fn precision_on(&self, device: tch::Device) -> Precision {
+        self.dtype.unwrap_or(Precision::default_on(device.is_cuda()))
+    }
+
     /// How policy micro-batches are laid out.
     pub(crate) fn packing(&self) -> super::micro::Packing {
         use super::micro::Packing;
@@ -220,6 +327,9 @@ impl LearnerConfig {
         }
         if self.clip.dual_clip.is_some_and(|c| c <= 1.0) {
             return bad("clip.dual_clip", "must be > 1");
+        }
+        if let Err((field, message)) = check_implemented(self.shard) {
+            return Err(LearnerError::Config { field, message });
         }
         if self.bucket_bytes < 4 {
             return bad("bucket_bytes", "must hold at least one float");

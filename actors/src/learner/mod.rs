@@ -42,6 +42,7 @@
 pub mod batch;
 pub mod bench;
 pub mod bench_groups;
+pub mod bench_shard;
 pub mod checkpoint;
 pub mod config;
 pub mod error;
@@ -51,12 +52,13 @@ pub mod optim;
 pub mod parallel;
 pub mod rank;
 pub mod actor;
+mod stats;
 mod trainer;
 pub mod value;
 
 pub use batch::{SftBatch, SftSequence, TrainBatch, TrainSequence};
 pub use checkpoint::{list_checkpoints, CheckpointMeta, Resumed};
-pub use config::{AdamWConfig, GaeConfig, KlCoef, KlConfig, KlPlacement, LearnerConfig, LrSchedule, ValueConfig};
+pub use config::{AdamWConfig, GaeConfig, KlCoef, KlConfig, KlPlacement, LearnerConfig, LrSchedule, Precision, Shard, ValueConfig};
 pub use error::{LearnerError, Result, GROUP_BROKEN};
 pub use loss::{Aggregation, ClipParams, KlEstimator};
 pub use trainer::{Learner, RatioStats, StepStats};

@@ -9,6 +9,7 @@
 //! after every step.
 use super::config::{AdamWConfig, LearnerConfig, LrSchedule};
 use super::error::{LearnerError, Result};
+use rlmesh_comm::ShardLayout;
 use tch::{Device, Kind, Tensor};
 
 /// The ordered trainable parameters and their flat float32 gradient buffer.
@@ -29,8 +30,9 @@ pub(crate) struct ParamSet {
 }
 
 impl ParamSet {
-    /// Parameters in the given order.
-    pub(crate) fn new(named: Vec<(String, Tensor)>, device: Device) -> ParamSet {
+    /// Parameters in the given order; the flat gradient buffer holds `flat_len`
+    /// elements (at least their total: a sharded layout pads it, see [`ShardLayout::padded`]).
+    pub(crate) fn new(named: Vec<(String, Tensor)>, device: Device, flat_len: Option<usize>) -> ParamSet {
         let mut offsets = Vec::with_capacity(named.len());
         let mut total = 0;
         for (_, t) in &named {
@@ -40,7 +42,7 @@ impl ParamSet {
         let decay = named.iter().map(|(_, t)| t.dim() >= 2).collect();
         let (names, tensors): (Vec<String>, Vec<Tensor>) = named.into_iter().unzip();
         let fused_cpu = device == Device::Cpu && tensors.iter().all(|t| t.kind() == Kind::Float && t.is_contiguous());
-        let grads = Tensor::zeros([total as i64], (Kind::Float, device));
+        let grads = Tensor::zeros([flat_len.unwrap_or(total).max(total) as i64], (Kind::Float, device));
         let mut set = ParamSet { names, tensors, offsets, decay, total, grads, aliased: vec![], fused_cpu };
         set.alias_grads();
         set
@@ -101,6 +103,46 @@ impl ParamSet {
     pub(crate) fn named(&self) -> Vec<(String, Tensor)> {
         self.names.iter().cloned().zip(self.tensors.iter().map(|t| t.detach())).collect()
     }
+
+    /// The flat ranges `(start, len)` cut at parameter boundaries, each with its
+    /// parameter and its position in it, and its offset counted along the ranges.
+    pub(crate) fn segments(&self, ranges: &[(usize, usize)]) -> Vec<Segment> {
+        let mut out = Vec::new();
+        let mut state = 0;
+        for &(start, len) in ranges {
+            let end = (start + len).min(self.total);
+            let mut at = start;
+            // The parameter holding `at`: the last whose offset is ≤ at.
+            let mut i = self.offsets.partition_point(|&o| o <= at).saturating_sub(1);
+            while at < end {
+                let (lo, hi) = (self.offsets[i], self.offsets[i] + self.tensors[i].numel());
+                let n = hi.min(end) - at;
+                if n > 0 {
+                    out.push(Segment { param: i, at: at - lo, flat: at, state: state + at - start, len: n });
+                }
+                at += n;
+                i += 1;
+            }
+            state += len;
+        }
+        out
+    }
+
+    /// Parameter `i` as a flat view.
+    pub(crate) fn flat_param(&self, i: usize) -> Tensor {
+        self.tensors[i].view([-1])
+    }
+}
+
+/// A run of one parameter's elements: parameter `param`, elements `at..at + len`
+/// of it, at `flat` in the flat order and `state` in the optimizer state.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) struct Segment {
+    pub param: usize,
+    pub at: usize,
+    pub flat: usize,
+    pub state: usize,
+    pub len: usize,
 }
 
 /// The learning rate before optimizer step `step` (0-based), as transformers'
@@ -121,7 +163,8 @@ pub fn lr_at(peak: f64, warmup: u64, schedule: LrSchedule, step: u64) -> f64 {
 /// Elements per piece of the AdamW update (4 MiB of float32).
 const UPDATE_CHUNK: i64 = 1 << 20;
 
-/// AdamW (torch.optim.AdamW semantics) over a [`ParamSet`], with flat float32 moments.
+/// AdamW (torch.optim.AdamW semantics) over a [`ParamSet`], with flat float32
+/// moments over the elements this rank owns ([`ShardLayout`]: all of them unsharded).
 pub(crate) struct AdamW {
     cfg: AdamWConfig,
     m: Tensor,
@@ -132,17 +175,42 @@ pub(crate) struct AdamW {
     pub step: u64,
     /// The fused CPU update's buffer of square roots (one piece).
     scratch: Option<Tensor>,
+    /// Who owns which elements, and which rank this is.
+    pub layout: ShardLayout,
+    pub rank: usize,
+    /// This rank's elements, parameter by parameter, in state order.
+    segments: Vec<Segment>,
 }
 
 impl AdamW {
-    pub(crate) fn new(params: &ParamSet, cfg: AdamWConfig) -> AdamW {
+    /// AdamW over the elements rank `rank` owns in `layout` (fresh moments, master weights from the parameters).
+    pub(crate) fn new(params: &ParamSet, cfg: AdamWConfig, layout: ShardLayout, rank: usize) -> AdamW {
         let device = params.grads.device();
-        let zeros = || Tensor::zeros([params.total as i64], (Kind::Float, device));
+        let segments = params.segments(&layout.owned(rank));
+        let len = layout.owned_len(rank) as i64;
+        let zeros = || Tensor::zeros([len], (Kind::Float, device));
         let master = params.tensors.iter().any(|t| t.kind() != Kind::Float).then(|| {
-            let flat: Vec<Tensor> = params.tensors.iter().map(|t| t.detach().to_kind(Kind::Float).reshape([-1])).collect();
-            Tensor::cat(&flat, 0)
+            let flat: Vec<Tensor> = segments.iter().map(|s| params.flat_param(s.param).narrow(0, s.at as i64, s.len as i64).detach().to_kind(Kind::Float)).collect();
+            if flat.is_empty() { zeros() } else { Tensor::cat(&flat, 0) }
         });
-        AdamW { cfg, m: zeros(), v: zeros(), master, step: 0, scratch: None }
+        AdamW { cfg, m: zeros(), v: zeros(), master, step: 0, scratch: None, layout, rank, segments }
+    }
+
+    /// Bytes of the state this rank holds (moments, master weights).
+    pub(crate) fn state_bytes(&self) -> usize {
+        self.state().iter().map(|(_, t)| t.numel() * t.kind().elt_size_in_bytes()).sum()
+    }
+
+    /// The float32 master weights of every parameter, by name, when there are
+    /// master weights and this rank holds all of them (unsharded).
+    pub(crate) fn master_weights(&self, params: &ParamSet) -> Option<Vec<(String, Tensor)>> {
+        let master = self.master.as_ref().filter(|_| self.layout.world == 1)?;
+        Some((0..params.tensors.len()).map(|i| (params.names[i].clone(), params.view(master, i).copy())).collect())
+    }
+
+    /// This rank's elements, parameter by parameter.
+    pub(crate) fn segments(&self) -> &[Segment] {
+        &self.segments
     }
 
     /// One update with learning rate `lr` from `params.grads` times `grad_scale`
@@ -161,22 +229,23 @@ impl AdamW {
             return;
         }
         tch::no_grad(|| {
-            for i in 0..params.tensors.len() {
+            for seg in &self.segments {
+                let i = seg.param;
+                let (len, state, flat) = (seg.len as i64, seg.state as i64, seg.flat as i64);
+                let param = params.flat_param(i).narrow(0, seg.at as i64, len);
                 let mut target = match &self.master {
-                    Some(master) => params.view(master, i),
-                    None => params.tensors[i].shallow_clone(),
+                    Some(master) => master.narrow(0, state, len),
+                    None => param.shallow_clone(),
                 };
                 if params.decay[i] && c.weight_decay != 0.0 {
                     let _ = target.g_mul_scalar_(1.0 - lr * c.weight_decay);
                 }
                 // Element-wise, so it runs chunk by chunk: the temporaries stay small (cache-sized,
                 // reused by the allocator) instead of several fresh buffers of the whole model.
-                let n = target.numel() as i64;
-                let flat_target = target.view([-1]);
-                let (m, v, g) = (params.view(&self.m, i).view([-1]), params.view(&self.v, i).view([-1]), params.view(&params.grads, i).view([-1]));
-                for at in (0..n).step_by(UPDATE_CHUNK as usize) {
-                    let len = UPDATE_CHUNK.min(n - at);
-                    let (m, v, mut g) = (m.narrow(0, at, len), v.narrow(0, at, len), g.narrow(0, at, len));
+                let (m, v, g) = (self.m.narrow(0, state, len), self.v.narrow(0, state, len), params.grads.narrow(0, flat, len));
+                for at in (0..len).step_by(UPDATE_CHUNK as usize) {
+                    let n = UPDATE_CHUNK.min(len - at);
+                    let (m, v, mut g) = (m.narrow(0, at, n), v.narrow(0, at, n), g.narrow(0, at, n));
                     if grad_scale != 1.0 {
                         g = g * grad_scale;
                     }
@@ -184,10 +253,10 @@ impl AdamW {
                     let _ = v.shallow_clone().g_mul_scalar_(c.beta2).addcmul_(&g, &(&g * (1.0 - c.beta2)));
                     let denom = v.sqrt() / bc2.sqrt() + c.eps;
                     let update = (&m / denom) * (lr / bc1);
-                    let _ = flat_target.narrow(0, at, len).g_sub_(&update);
+                    let _ = target.narrow(0, at, n).g_sub_(&update);
                 }
                 if self.master.is_some() {
-                    params.tensors[i].shallow_clone().copy_(&target);
+                    param.shallow_clone().copy_(&target);
                 }
             }
         });
@@ -205,25 +274,25 @@ impl AdamW {
         let scratch = self.scratch.get_or_insert_with(|| Tensor::empty([FUSED_PIECE as i64], (Kind::Float, Device::Cpu)));
         let ptr = |t: &Tensor| t.data_ptr() as *mut f32;
         let (m, v, g, root) = (ptr(&self.m), ptr(&self.v), ptr(&params.grads), ptr(scratch));
-        for i in 0..params.tensors.len() {
-            let (start, p, decay) = (params.offsets[i], ptr(&params.tensors[i]), params.decay[i]);
-            let numel = params.tensors[i].numel();
-            for at in (0..numel).step_by(FUSED_PIECE) {
-                let n = FUSED_PIECE.min(numel - at);
-                let flat = start + at;
-                // SAFETY: [flat, flat + n) lies inside the flat buffers and [at, at + n) inside
-                // parameter i; the scratch holds FUSED_PIECE ≥ n elements; nothing else touches them.
+        for seg in &self.segments {
+            let (p, decay) = (ptr(&params.tensors[seg.param]), params.decay[seg.param]);
+            for at in (0..seg.len).step_by(FUSED_PIECE) {
+                let n = FUSED_PIECE.min(seg.len - at);
+                let (flat, state, own) = (seg.flat + at, seg.state + at, seg.at + at);
+                // SAFETY: [flat, flat + n) lies inside the flat gradients, [state, state + n) inside
+                // the moments and [own, own + n) inside the parameter; the scratch holds
+                // FUSED_PIECE ≥ n elements; nothing else touches them.
                 unsafe {
                     adamw_moments(
                         std::slice::from_raw_parts(g.add(flat), n),
-                        std::slice::from_raw_parts_mut(m.add(flat), n),
-                        std::slice::from_raw_parts_mut(v.add(flat), n),
+                        std::slice::from_raw_parts_mut(m.add(state), n),
+                        std::slice::from_raw_parts_mut(v.add(state), n),
                         s,
                     );
-                    let _ = self.v.narrow(0, flat as i64, n as i64).sqrt_out(&scratch.narrow(0, 0, n as i64));
+                    let _ = self.v.narrow(0, state as i64, n as i64).sqrt_out(&scratch.narrow(0, 0, n as i64));
                     adamw_apply(
-                        std::slice::from_raw_parts_mut(p.add(at), n),
-                        std::slice::from_raw_parts(m.add(flat), n),
+                        std::slice::from_raw_parts_mut(p.add(own), n),
+                        std::slice::from_raw_parts(m.add(state), n),
                         std::slice::from_raw_parts(root, n),
                         s,
                         decay,
@@ -242,20 +311,44 @@ impl AdamW {
         out
     }
 
-    /// Restores [`AdamW::state`] (shapes checked) and the step count.
-    pub(crate) fn load_state(&mut self, tensors: &[(String, Tensor)], step: u64, path: &std::path::Path) -> Result<()> {
-        let get = |name: &str| tensors.iter().find(|(n, _)| n == name).map(|(_, t)| t);
-        let targets: Vec<(&str, &Tensor)> =
-            [("exp_avg", &self.m), ("exp_avg_sq", &self.v)].into_iter().chain(self.master.as_ref().map(|m| ("master", m))).collect();
-        for (name, target) in targets {
-            let src = get(name).ok_or_else(|| LearnerError::Checkpoint { path: path.to_path_buf(), message: format!("tensor {name} missing") })?;
-            if src.size() != target.size() {
-                return Err(LearnerError::Checkpoint {
-                    path: path.to_path_buf(),
-                    message: format!("tensor {name}: shape {:?}, the model needs {:?}", src.size(), target.size()),
+    /// Restores the state saved by the ranks of `saved` (each rank's [`AdamW::state`],
+    /// read by `read(rank)`) and the step count. The same layout loads this rank's
+    /// own file; another (other ranks, another bucket, unsharded ↔ sharded) takes
+    /// each element from the rank that owned it, reading each such file once.
+    pub(crate) fn load_state(&mut self, saved: &ShardLayout, mut read: impl FnMut(usize) -> Result<Vec<(String, Tensor)>>, step: u64, path: &std::path::Path) -> Result<()> {
+        let bad = |message: String| LearnerError::Checkpoint { path: path.to_path_buf(), message };
+        if saved.total != self.layout.total {
+            return Err(bad(format!("optimizer state of {} elements, the model has {}", saved.total, self.layout.total)));
+        }
+        let names: Vec<&str> = ["exp_avg", "exp_avg_sq"].into_iter().chain(self.master.as_ref().map(|_| "master")).collect();
+        let pieces = if *saved == self.layout {
+            vec![(0, self.rank, 0, self.layout.owned_len(self.rank))]
+        } else {
+            self.layout.pieces_from(self.rank, saved)
+        };
+        for from in 0..saved.world {
+            let mine: Vec<_> = pieces.iter().filter(|p| p.1 == from && p.3 > 0).collect();
+            if mine.is_empty() {
+                continue;
+            }
+            let tensors = read(from)?;
+            for &name in &names {
+                let src = tensors.iter().find(|(n, _)| n == name).map(|(_, t)| t).ok_or_else(|| bad(format!("rank {from}'s tensor {name} missing")))?;
+                let want = saved.owned_len(from) as i64;
+                if src.size() != [want] {
+                    return Err(bad(format!("rank {from}'s tensor {name}: shape {:?}, its layout needs [{want}]", src.size())));
+                }
+                let dst = match name {
+                    "exp_avg" => &self.m,
+                    "exp_avg_sq" => &self.v,
+                    _ => self.master.as_ref().expect("named only with master weights"),
+                };
+                tch::no_grad(|| {
+                    for &&(at, _, off, n) in &mine {
+                        dst.narrow(0, at as i64, n as i64).copy_(&src.narrow(0, off as i64, n as i64));
+                    }
                 });
             }
-            tch::no_grad(|| target.shallow_clone().copy_(src));
         }
         self.step = step;
         Ok(())
@@ -366,7 +459,7 @@ mod tests {
     fn params(seed: u64) -> ParamSet {
         let w = values(371 * 290, seed).view([371, 290]).set_requires_grad(true);
         let b = values(290, seed + 1).set_requires_grad(true);
-        ParamSet::new(vec![("b".into(), b), ("w".into(), w)], Device::Cpu)
+        ParamSet::new(vec![("b".into(), b), ("w".into(), w)], Device::Cpu, None)
     }
 
     /// The fused CPU update computes what the tensor path (GPUs, bfloat16 masters) computes,
@@ -377,7 +470,8 @@ mod tests {
         let (fused, mut plain) = (params(7), params(7));
         assert!(fused.fused_cpu);
         plain.fused_cpu = false;
-        let (mut a, mut b) = (AdamW::new(&fused, cfg), AdamW::new(&plain, cfg));
+        let whole = ShardLayout::whole(fused.total);
+        let (mut a, mut b) = (AdamW::new(&fused, cfg, whole, 0), AdamW::new(&plain, cfg, whole, 0));
         for step in 0..4 {
             let g = values(fused.total, 100 + step);
             fused.grads.shallow_clone().copy_(&g);

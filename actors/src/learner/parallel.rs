@@ -6,7 +6,9 @@
 //! legacy default stream, the stream libtorch computes on (NCCL), so no copy
 //! to the host is made.
 use super::error::Result;
-use rlmesh_comm::{Buf, Collective, DType, ReduceOp};
+use super::optim::{AdamW, ParamSet};
+use rlmesh_comm::{all_gather_sharded, reduce_scatter_sharded, Buf, Collective, DType, ReduceOp, ShardLayout};
+use rlmesh_comm::device_digest::DeviceDigest;
 use tch::{Device, Kind, Tensor};
 
 /// A communicator plus the device whose memory it reduces.
@@ -57,6 +59,59 @@ impl DataParallel {
         Ok(())
     }
 
+    /// ZeRO-2: reduce-scatters the flat float32 gradients by `layout`'s buckets, in
+    /// place: this rank's owned ranges hold the sums; the rest is scratch.
+    pub(crate) fn reduce_scatter_flat(&mut self, flat: &Tensor, layout: &ShardLayout) -> Result<()> {
+        // SAFETY: as `whole`'s contract; `flat` outlives the call and nothing else touches it.
+        let buf = unsafe { self.whole(flat) };
+        Ok(reduce_scatter_sharded(self.comm.as_mut(), buf, layout, ReduceOp::Sum)?)
+    }
+
+    /// After a sharded update: every rank's owned elements reach every rank. The
+    /// flat gradient buffer (spent by now) carries them: this rank's parameters
+    /// are copied into its owned ranges, the buffer is all-gathered by bucket,
+    /// and every other rank's ranges are copied out into the parameters.
+    pub(crate) fn gather_parameters(&mut self, params: &ParamSet, optim: &AdamW) -> Result<()> {
+        let (flat, layout) = (&params.grads, &optim.layout);
+        tch::no_grad(|| {
+            for s in optim.segments() {
+                flat.narrow(0, s.flat as i64, s.len as i64).copy_(&params.flat_param(s.param).narrow(0, s.at as i64, s.len as i64));
+            }
+        });
+        // SAFETY: as `whole`'s contract; `flat` outlives the call and nothing else touches it.
+        let buf = unsafe { self.whole(flat) };
+        all_gather_sharded(self.comm.as_mut(), buf, layout)?;
+        tch::no_grad(|| {
+            for r in (0..layout.world).filter(|&r| r != optim.rank) {
+                for s in params.segments(&layout.owned(r)) {
+                    params.flat_param(s.param).narrow(0, s.at as i64, s.len as i64).copy_(&flat.narrow(0, s.flat as i64, s.len as i64));
+                }
+            }
+        });
+        Ok(())
+    }
+
+    /// All of a flat contiguous float32 tensor on the learner's device, as a collective's buffer.
+    ///
+    /// # Safety
+    /// The tensor must outlive the returned buffer's use, and nothing else may touch it
+    /// meanwhile; on CUDA the collective is enqueued on the default stream libtorch uses.
+    unsafe fn whole(&self, flat: &Tensor) -> Buf<'static> {
+        assert!(flat.kind() == Kind::Float && flat.is_contiguous() && flat.device() == self.device, "flat float32 buffer on the learner's device");
+        let (ptr, len) = (flat.data_ptr() as *mut f32, flat.numel());
+        match self.device {
+            // SAFETY: the caller's contract; `len` floats at `ptr`.
+            Device::Cpu => Buf::host(unsafe { std::slice::from_raw_parts_mut(ptr, len) }),
+            // SAFETY: the caller's contract.
+            _ => unsafe { Buf::cuda(ptr as *mut std::ffi::c_void, len, DType::F32, std::ptr::null_mut()) },
+        }
+    }
+
+    /// Returns once every rank has entered.
+    pub(crate) fn barrier(&mut self) -> Result<()> {
+        Ok(self.comm.barrier()?)
+    }
+
     /// Sums a few host numbers across ranks.
     pub(crate) fn sum(&mut self, data: &mut [f64]) -> Result<()> {
         self.small(data, |comm, buf| comm.all_reduce(buf, ReduceOp::Sum))
@@ -97,18 +152,44 @@ pub(crate) fn hash_bytes(mut h: u64, bytes: &[u8]) -> u64 {
     h ^ (bytes.len() as u64).wrapping_mul(0xBF58_476D_1CE4_E5B9)
 }
 
-/// Digest of named tensors: names, shapes, dtypes and every byte, in the given order.
+/// Digest of named tensors: names, shapes, dtypes and every byte, in the given order,
+/// computed where the bytes are: a CPU tensor's bytes hashed in place (no copy), a GPU
+/// tensor's by the WordMix64 kernel on its device (`rlmesh_comm::device_digest`), so
+/// only 8 bytes per tensor come to the host. Ranks on the same kind of device agree.
 pub fn digest_tensors(named: &[(String, Tensor)]) -> Result<u64> {
     let mut h = 0xCBF2_9CE4_8422_2325u64;
-    let mut bytes = Vec::new();
     for (name, t) in named {
         h = hash_bytes(h, name.as_bytes());
         h = hash_bytes(h, format!("{:?}{:?}", t.size(), t.kind()).as_bytes());
-        let host = t.to_device(Device::Cpu).contiguous();
-        let n = host.numel() * host.kind().elt_size_in_bytes();
-        bytes.resize(n, 0);
-        host.f_copy_data_u8(&mut bytes, host.numel())?;
-        h = hash_bytes(h, &bytes);
+        let t = t.contiguous();
+        let n = t.numel() * t.kind().elt_size_in_bytes();
+        h = match t.device() {
+            _ if n == 0 => hash_bytes(h, &[]),
+            Device::Cuda(i) => hash_bytes(h, &on_device(i, &t, n)?.to_le_bytes()),
+            // SAFETY: `t` is a contiguous CPU tensor of `n` bytes, alive and unwritten while it is read.
+            _ => hash_bytes(h, unsafe { std::slice::from_raw_parts(t.data_ptr() as *const u8, n) }),
+        };
     }
     Ok(h)
+}
+
+thread_local! {
+    /// The digest kernel of the device this thread last digested on (a learner's device thread keeps one).
+    static DEVICE_DIGEST: std::cell::RefCell<Option<(usize, DeviceDigest)>> = const { std::cell::RefCell::new(None) };
+}
+
+/// WordMix64 of the `n` bytes of contiguous tensor `t` on CUDA device `device`, computed there.
+fn on_device(device: usize, t: &Tensor, n: usize) -> Result<u64> {
+    DEVICE_DIGEST.with(|cell| {
+        let mut cell = cell.borrow_mut();
+        if cell.as_ref().is_none_or(|(d, _)| *d != device) {
+            *cell = Some((device, DeviceDigest::new(device)?));
+        }
+        let (_, kernel) = cell.as_mut().expect("set above");
+        // The kernel reads 8-byte words: a view starting off a word boundary is copied to a fresh allocation.
+        let t = if t.data_ptr() as usize % 8 == 0 { t.shallow_clone() } else { t.copy() };
+        // SAFETY: `t` is contiguous on `device` and 8-byte aligned, alive until the digest
+        // returns; the null stream orders the kernel after libtorch's writes.
+        Ok(unsafe { kernel.digest(t.data_ptr() as u64, n, std::ptr::null_mut()) }?)
+    })
 }

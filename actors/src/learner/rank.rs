@@ -68,6 +68,15 @@ pub struct RankStep {
     /// Warnings from resuming (first step after a resume only).
     #[serde(default)]
     pub warnings: Vec<String>,
+    /// Bytes of optimizer state this rank holds ([`Learner::optimizer_state_bytes`]).
+    #[serde(default)]
+    pub optimizer_bytes: u64,
+    /// Wall seconds of the step ([`super::StepStats::seconds`]).
+    #[serde(default)]
+    pub seconds: f64,
+    /// Tokens the step processed over all ranks ([`super::StepStats::tokens`]).
+    #[serde(default)]
+    pub tokens: u64,
 }
 
 /// Parses arguments (without the program name), runs the job, and returns the exit code (0 ok, 1 failure, 2 usage).
@@ -100,11 +109,11 @@ pub fn run_rank(job_path: &std::path::Path, rank: usize, world: usize, addr: Opt
     };
     let (mut learner, mut cursor, mut warnings) = match (&job.checkpoint_dir, job.resume) {
         (Some(dir), true) => {
-            let r = Learner::resume(dir, job.config.clone(), Device::Cpu, None, comm)?;
+            let r = Learner::resume(dir, job.config.clone(), Device::Cpu, Some(job.config.precision_on(Device::Cpu).kind()), comm)?;
             let cursor = r.meta.data_cursor.as_u64().unwrap_or(0);
             (r.learner, cursor, r.warnings)
         }
-        _ => (Learner::new(Transformer::load(&job.model, Device::Cpu, None)?, job.config.clone(), comm)?, 0, vec![]),
+        _ => (Learner::new(Transformer::load(&job.model, Device::Cpu, Some(job.config.precision_on(Device::Cpu).kind()))?, job.config.clone(), comm)?, 0, vec![]),
     };
     while learner.train_steps() < job.steps {
         let stats = match &job.batches {
@@ -112,10 +121,19 @@ pub fn run_rank(job_path: &std::path::Path, rank: usize, world: usize, addr: Opt
             JobBatches::Sft(b) => learner.sft_step(&b[cursor as usize % b.len()].shard(rank, world))?,
         };
         cursor += 1;
-        if let (Some(dir), 0) = (&job.checkpoint_dir, rank) {
+        if let Some(dir) = &job.checkpoint_dir {
+            // Every rank: rank 0 writes, and each rank its optimizer shard when sharded.
             learner.save_checkpoint(dir, &CheckpointMeta { policy_version: learner.train_steps(), data_cursor: cursor.into() })?;
         }
-        let line = RankStep { step: learner.train_steps(), loss: stats.loss, digest: format!("{:016x}", learner.parameter_digest()?), warnings: std::mem::take(&mut warnings) };
+        let line = RankStep {
+            step: learner.train_steps(),
+            loss: stats.loss,
+            digest: format!("{:016x}", learner.parameter_digest()?),
+            warnings: std::mem::take(&mut warnings),
+            optimizer_bytes: learner.optimizer_state_bytes() as u64,
+            seconds: stats.seconds,
+            tokens: stats.tokens as u64,
+        };
         println!("{}", serde_json::to_string(&line).expect("serialises"));
     }
     if let Some(out) = &job.out_dir {

@@ -1,76 +1,19 @@
 //! [`Learner`]: one data-parallel rank's model, optimiser and training steps.
 use super::batch::{SftBatch, TrainBatch};
 use super::micro::{self, MicroBatch, Packing, Targets, Unit};
-use super::config::{KlCoef, KlPlacement, LearnerConfig};
+use super::config::{KlCoef, KlPlacement, LearnerConfig, Shard};
 use super::error::{LearnerError, Result};
 use super::loss::{self, Aggregation, BatchTotals};
 use super::optim::{next_lr, AdamW, ParamSet};
 use super::parallel::{digest_tensors, DataParallel};
+use super::stats::Sums;
+pub use super::stats::{RatioStats, StepStats};
 use super::value::ValueHead;
-use rlmesh_comm::Collective;
+use rlmesh_comm::{Collective, ShardLayout};
 use rlmesh_model::Transformer;
 use rlmesh_core::advantage::steptool::{steptool_advantages, StepToolParams, StepToolRollout};
-use serde::{Deserialize, Serialize};
 use std::time::Instant;
 use tch::{Kind, Tensor};
-
-/// Importance-ratio statistics over the masked tokens.
-#[derive(Clone, Copy, Debug, PartialEq, Serialize, Deserialize)]
-pub struct RatioStats {
-    /// Mean ratio.
-    pub mean: f64,
-    /// Smallest ratio.
-    pub min: f64,
-    /// Largest ratio.
-    pub max: f64,
-}
-
-/// What one [`Learner::train_step`] or [`Learner::sft_step`] did, over all ranks.
-#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
-pub struct StepStats {
-    /// The objective (all terms), averaged over the optimizer steps of the call.
-    pub loss: f64,
-    /// The policy-gradient (or SFT cross-entropy) term alone, averaged likewise.
-    pub policy_loss: f64,
-    /// The value loss (before its coefficient), when a value head is trained.
-    pub value_loss: Option<f64>,
-    /// Mean per-token KL to the reference, when configured.
-    pub kl: Option<f64>,
-    /// β used in this step (before the adaptive update), when KL is configured.
-    pub kl_coef: Option<f64>,
-    /// Mean per-token entropy of the policy on masked tokens.
-    pub entropy: f64,
-    /// Share of masked tokens where the PPO clip cut the gradient (policy steps only).
-    pub clip_fraction: Option<f64>,
-    /// Importance-ratio statistics (policy steps only).
-    pub ratio: Option<RatioStats>,
-    /// Gradient norm before clipping, averaged over the optimizer steps.
-    pub grad_norm: f64,
-    /// Learning rate of the last optimizer step.
-    pub lr: f64,
-    /// Optimizer steps taken by this call.
-    pub optimizer_steps: u64,
-    /// Sequences in the batch, over all ranks.
-    pub sequences: usize,
-    /// Tokens processed (forward and backward, all epochs, all ranks).
-    pub tokens: usize,
-    /// Tokens the loss reads (under the loss mask; all epochs, all ranks).
-    #[serde(default)]
-    pub trained_tokens: usize,
-    /// Positions the forward passes computed (padding included, a shared prompt
-    /// once; all epochs, all ranks): `computed_tokens / trained_tokens` is what
-    /// each trained token cost.
-    #[serde(default)]
-    pub computed_tokens: usize,
-    /// `tokens` per second of wall time.
-    pub tokens_per_s: f64,
-    /// Wall time of the call in seconds.
-    pub seconds: f64,
-    /// Of `seconds`, the time in collectives with the other data-parallel
-    /// ranks (gradient all-reduce, counts, the parameter-digest check); 0 with one rank.
-    #[serde(default)]
-    pub allreduce_seconds: f64,
-}
 
 /// What a step optimises.
 #[derive(Clone, Copy)]
@@ -126,63 +69,6 @@ impl Objective<'_> {
 enum Piece {
     Rows(Vec<usize>),
     Units(Vec<Unit>),
-}
-
-/// Per-optimizer-step sums, reduced across ranks (sums, then min, max).
-#[derive(Clone, Copy, Default)]
-struct Sums {
-    loss: f64,
-    policy: f64,
-    value: f64,
-    kl: f64,
-    entropy: f64,
-    clipped: f64,
-    ratio: f64,
-    masked: f64,
-    tokens: f64,
-    computed: f64,
-    ratio_min: f64,
-    ratio_max: f64,
-}
-
-impl Sums {
-    const LEN: usize = 12;
-    fn new() -> Sums {
-        Sums { ratio_min: f64::INFINITY, ratio_max: f64::NEG_INFINITY, ..Default::default() }
-    }
-    fn to_vec(self) -> Vec<f64> {
-        vec![self.loss, self.policy, self.value, self.kl, self.entropy, self.clipped, self.ratio, self.masked, self.tokens, self.computed, self.ratio_min, self.ratio_max]
-    }
-    fn from_slice(v: &[f64]) -> Sums {
-        Sums {
-            loss: v[0],
-            policy: v[1],
-            value: v[2],
-            kl: v[3],
-            entropy: v[4],
-            clipped: v[5],
-            ratio: v[6],
-            masked: v[7],
-            tokens: v[8],
-            computed: v[9],
-            ratio_min: v[10],
-            ratio_max: v[11],
-        }
-    }
-    fn merge(&mut self, o: &Sums) {
-        self.loss += o.loss;
-        self.policy += o.policy;
-        self.value += o.value;
-        self.kl += o.kl;
-        self.entropy += o.entropy;
-        self.clipped += o.clipped;
-        self.ratio += o.ratio;
-        self.masked += o.masked;
-        self.tokens += o.tokens;
-        self.computed += o.computed;
-        self.ratio_min = self.ratio_min.min(o.ratio_min);
-        self.ratio_max = self.ratio_max.max(o.ratio_max);
-    }
 }
 
 /// Outputs of one forward pass over a micro-batch, one per target `[K]`.
@@ -247,8 +133,15 @@ impl Learner {
         if let Some(v) = &value_head {
             named.extend(v.named());
         }
-        let params = ParamSet::new(named, device);
-        let optim = AdamW::new(&params, config.optim);
+        // Under `shard`, this rank updates only the elements it owns ([`ShardLayout`]).
+        let (rank, world) = comm.as_ref().map_or((0, 1), |c| (c.rank(), c.world_size()));
+        let total = named.iter().map(|(_, t)| t.numel()).sum();
+        let (layout, owner) = match config.shard.splits_optimizer() {
+            true => (ShardLayout::for_bytes(total, world, config.bucket_bytes), rank),
+            false => (ShardLayout::whole(total), 0),
+        };
+        let params = ParamSet::new(named, device, Some(layout.padded()));
+        let optim = AdamW::new(&params, config.optim, layout, owner);
         let kl_coef = match config.kl.map(|k| k.coef) {
             Some(KlCoef::Fixed { beta }) => beta,
             Some(KlCoef::Adaptive { init, .. }) => init,
@@ -280,7 +173,13 @@ impl Learner {
         if config.value.is_some() != self.value_head.is_some() {
             return Err(LearnerError::Config { field: "value", message: "a value head cannot be added or removed by reconfigure".into() });
         }
-        self.optim = AdamW::new(&self.params, config.optim);
+        let sharded = self.config.shard.splits_optimizer();
+        for (field, same) in [("shard", config.shard == self.config.shard), ("dtype", config.dtype == self.config.dtype), ("bucket_bytes", !sharded || config.bucket_bytes == self.config.bucket_bytes)] {
+            if !same {
+                return Err(LearnerError::Config { field, message: "fixed when the learner is built; reconfigure cannot change it".into() });
+            }
+        }
+        self.optim = AdamW::new(&self.params, config.optim, self.optim.layout, self.optim.rank);
         if let Some(k) = config.kl {
             self.kl_coef = match k.coef {
                 KlCoef::Fixed { beta } => beta,
@@ -386,9 +285,28 @@ impl Learner {
     }
 
     /// The gradients of the last optimizer step (all-reduced and clipped), by parameter name.
+    /// Under `shard` the flat buffer carries the parameters' all-gather after the update:
+    /// only with `shard = "none"` does it still hold them.
     pub fn gradients(&self) -> Vec<(String, Tensor)> {
         let clipped = tch::no_grad(|| &self.params.grads * self.grad_scale);
         (0..self.params.names.len()).map(|i| (self.params.names[i].clone(), self.params.view(&clipped, i).copy())).collect()
+    }
+
+    /// AdamW's float32 master weights by parameter name: with lower-precision
+    /// parameters and unsharded state (None otherwise).
+    pub fn master_weights(&self) -> Option<Vec<(String, Tensor)>> {
+        self.optim.master_weights(&self.params)
+    }
+
+    /// Bytes of optimizer state this rank holds (AdamW's moments and master weights):
+    /// under `shard`, about `1/world` of an unsharded rank's.
+    pub fn optimizer_state_bytes(&self) -> usize {
+        self.optim.state_bytes()
+    }
+
+    /// Returns once every data-parallel rank has entered (at once with one rank).
+    pub(crate) fn barrier(&mut self) -> Result<()> {
+        self.dp.as_mut().map_or(Ok(()), DataParallel::barrier)
     }
 
     /// Takes the data-parallel communicator out (to hand it to a resumed learner).
@@ -531,19 +449,33 @@ impl Learner {
         let device = self.model.device();
         // The step's gradient is the same sum over its sequences whatever the grouping
         // into micro-batches and layouts (weights use the step's totals).
+        let policy = matches!(obj, Objective::Policy(_));
         for piece in obj.plan(idx, &self.config) {
             let mb = obj.micro(&piece, device);
-            if let Some(loss) = self.micro_loss(&mb, matches!(obj, Objective::Policy(_)), &totals, &mut sums)? {
+            let trained = if self.config.checkpoint_activations {
+                // Only each decoder layer's input is kept; the layers are recomputed in the backward.
+                let forward = || mb.input.hidden_states(&self.model).map_err(LearnerError::from);
+                self.model.checkpointed(|| self.micro_loss(&mb, policy, &totals, &mut sums), forward)?
+            } else if let Some(loss) = self.micro_loss(&mb, policy, &totals, &mut sums)? {
                 loss.f_backward()?;
+                true
+            } else {
+                false
+            };
+            if trained {
                 self.params.accumulate_grads();
             }
         }
         if let Some(dp) = &mut self.dp {
             let t = Instant::now();
-            dp.all_reduce_flat(&self.params.grads, self.config.bucket_bytes)?;
+            match self.config.shard {
+                // ZeRO-2: each rank receives only the sum of the elements it owns.
+                Shard::Gradients => dp.reduce_scatter_flat(&self.params.grads, &self.optim.layout)?,
+                _ => dp.all_reduce_flat(&self.params.grads, self.config.bucket_bytes)?,
+            }
             self.comm_seconds += t.elapsed().as_secs_f64();
         }
-        let norm = self.params.grads.norm().double_value(&[]);
+        let norm = self.grad_norm()?;
         // Clipping scales the gradient inside the update; the flat buffer keeps the unclipped sum.
         self.grad_scale = match self.config.max_grad_norm {
             Some(max) if max / (norm + 1e-6) < 1.0 => max / (norm + 1e-6),
@@ -551,10 +483,32 @@ impl Learner {
         };
         let lr = next_lr(&self.config, self.optim.step);
         self.optim.update(&self.params, lr, self.grad_scale);
+        if let (Some(dp), true) = (&mut self.dp, self.config.shard.splits_optimizer()) {
+            // Each rank updated the elements it owns: every rank gets all of them.
+            let t = Instant::now();
+            dp.gather_parameters(&self.params, &self.optim)?;
+            self.comm_seconds += t.elapsed().as_secs_f64();
+        }
         if self.dp.is_some() {
             sums = self.reduce_and_verify(sums)?;
         }
         Ok((sums, norm, lr, counts[0]))
+    }
+
+    /// The norm of the step's summed gradient: of the whole flat buffer, or under
+    /// ZeRO-2 (each rank holds the sums of its own elements only) from every rank's share.
+    fn grad_norm(&mut self) -> Result<f64> {
+        let grads = &self.params.grads;
+        match (&mut self.dp, self.config.shard) {
+            (Some(dp), Shard::Gradients) => {
+                let mut sq = [self.optim.segments().iter().map(|s| grads.narrow(0, s.flat as i64, s.len as i64).square().sum(Kind::Double).double_value(&[])).sum::<f64>()];
+                let t = Instant::now();
+                dp.sum(&mut sq)?;
+                self.comm_seconds += t.elapsed().as_secs_f64();
+                Ok(sq[0].sqrt())
+            }
+            _ => Ok(grads.norm().double_value(&[])),
+        }
     }
 
     /// Combines the step's sums over ranks and checks every rank's parameter digest.

@@ -30,6 +30,7 @@ use super::link::{has, ready, tail, Core, LearnerLoss, Member, Reply, Route, Say
 use super::proxies::{proxy, RemoteLearner, RemoteLearnerArgs};
 use super::publisher::{Publisher, Root};
 use super::{Outboxes, RefusalMirror};
+use crate::weight_sync::parts::Assemblies;
 use crate::controller::supervisor::RolloutSlots;
 use crate::metrics::Metrics;
 use crate::controller::plan::{Plan, Process as Planned, WeightTransport};
@@ -545,6 +546,8 @@ fn split_cores(members: &[Member]) -> Vec<(i32, Vec<usize>)> {
 async fn route(mut control: ControlNode<ControlMsg>, mut inbox: Inbox<DataMsg>, core: Arc<Core>, metrics: Arc<Metrics>) {
     let (mut mirror, mut tick) = (RefusalMirror::default(), tokio::time::interval(Duration::from_secs(1)));
     let data_stats = inbox.stats();
+    // Snapshots from learner rank 0 arrive in parts.
+    let mut snapshots = Assemblies::default();
     loop {
         tokio::select! {
             _ = tick.tick() => {
@@ -575,9 +578,14 @@ async fn route(mut control: ControlNode<ControlMsg>, mut inbox: Inbox<DataMsg>, 
             },
             d = inbox.recv() => {
                 let Some(msg) = d else { break };
-                match &msg {
-                    DataMsg::Groups { id, .. } | DataMsg::Scored { id, .. } | DataMsg::Snapshot { id, .. } => core.resolve((*id, 0), Reply::Data(msg)),
-                    DataMsg::LearnerDone { id, rank, .. } => core.resolve((*id, *rank), Reply::Data(msg)),
+                match msg {
+                    DataMsg::Groups { id, .. } | DataMsg::Scored { id, .. } => core.resolve((id, 0), Reply::Data(msg)),
+                    DataMsg::Snapshot { id, part } => match snapshots.receive(id, part) {
+                        Ok(None) => {}
+                        Ok(Some(update)) => core.resolve((id, 0), Reply::Weights(update)),
+                        Err(e) => core.resolve((id, 0), Reply::Data(DataMsg::LearnerDone { id, rank: 0, result: Err(e) })),
+                    },
+                    DataMsg::LearnerDone { id, rank, .. } => core.resolve((id, rank), Reply::Data(msg)),
                     other => data_stats.reject("unexpected", || format!("[fleet] refused {} on the controller's data port: the controller takes no such message", other.name())),
                 }
             }

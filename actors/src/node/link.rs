@@ -9,6 +9,7 @@ use crate::controller::plan::Process as Planned;
 use crate::controller::supervisor::RolloutSlots;
 use crate::controller::topology::Role;
 use crate::rollout::actor::RolloutMsg;
+use crate::weight_sync::image::WeightUpdate;
 use ractor::ActorRef;
 use rlmesh_mesh::control::ControlSender;
 use rlmesh_mesh::launch::{Process, ProcessSpec};
@@ -32,6 +33,8 @@ pub(super) type Waiting = (Vec<String>, oneshot::Sender<Reply>);
 pub(super) enum Reply {
     Control(ControlMsg),
     Data(DataMsg),
+    /// A version whose [`DataMsg::Snapshot`] parts have all arrived.
+    Weights(WeightUpdate),
     Lost(String),
 }
 

@@ -8,6 +8,7 @@ use super::wire::*;
 use crate::learner::actor::LearnerMsg;
 use crate::rollout::actor::{RolloutMsg, RolloutResult};
 use crate::weight_sync::image::WeightAck;
+use crate::weight_sync::parts::{parts, WEIGHT_PART_BYTES};
 use ractor::{Actor, ActorProcessingErr, ActorRef};
 use std::sync::Arc;
 
@@ -68,7 +69,16 @@ impl Actor for RemoteRollout {
                 let _ = reply.send(out.map_err(|e| format!("{process}: {e}")));
             }
             RolloutMsg::LoadWeights(update, reply) => {
-                let out: Result<WeightAck, String> = match core.out.send(&s.route.data, DataMsg::Weights { id, update }).await {
+                // In bounded parts, one at a time (the outbox's queue holds back the next).
+                let update = update.to_host();
+                let mut sent = Ok(());
+                for part in parts(&update, WEIGHT_PART_BYTES) {
+                    sent = core.out.send(&s.route.data, DataMsg::Weights { id, part }).await;
+                    if sent.is_err() {
+                        break;
+                    }
+                }
+                let out: Result<WeightAck, String> = match sent {
                     Err(e) => Err(e),
                     Ok(()) => match core.answer(rx, process).await {
                         Ok(Reply::Control(ControlMsg::WeightsLoaded { result, .. })) => {
@@ -174,7 +184,7 @@ impl Actor for RemoteLearner {
             }
             // A version crossing processes as data is a host image, whatever was asked.
             LearnerMsg::Snapshot(version, _, reply) => match Self::call(s, LearnerCall::Snapshot(version)).await {
-                Ok(Reply::Data(DataMsg::Snapshot { update, .. })) => {
+                Ok(Reply::Weights(update)) => {
                     let _ = reply.send(update);
                 }
                 // The reply port takes a weight image only: failing the call is the only way to say it failed.

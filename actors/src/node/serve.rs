@@ -24,6 +24,7 @@ use super::weights::{GroupSpec, Pending, WeightGroup};
 use std::net::IpAddr;
 use super::{Outboxes, RefusalMirror};
 use crate::weight_sync::image::WeightUpdate;
+use crate::weight_sync::parts::{parts, Assemblies, WEIGHT_PART_BYTES};
 use tokio::sync::{mpsc, oneshot};
 use crate::metrics::{serve as serve_metrics, Metrics};
 use crate::learner::actor::{LearnerActor, LearnerArgs, LearnerMsg};
@@ -127,6 +128,8 @@ struct Hosted {
     process: String,
     /// The GPU of its weight-sync member (its learner's, else its rollout actor's), if any.
     cuda: Option<usize>,
+    /// A version arriving from the controller in parts ([`DataMsg::Weights`]).
+    assembling: std::sync::Mutex<Assemblies>,
 }
 
 /// A version rank 0 broadcasts: its call, the snapshot to come, and the group to send it to.
@@ -399,8 +402,22 @@ fn generate(hosted: &Hosted, id: u64, reward: String, request: Json, outboxes: &
 
 fn on_data(hosted: &Hosted, msg: DataMsg, outboxes: &Outboxes, tx: &ControlSender<ControlMsg>, controller: &str, cookie: &str, stats: &DataPlaneStats) {
     match msg {
-        DataMsg::Weights { id, update } => {
+        DataMsg::Weights { id, part } => {
+            // The parts of a version arrive in order; it is loaded once all are in.
+            let update = match hosted.assembling.lock().expect("assembly lock").receive(id, part) {
+                Ok(None) => return,
+                Ok(Some(update)) => Ok(update),
+                Err(e) => Err(e),
+            };
             let (port, rx) = ractor::concurrency::oneshot();
+            let update = match update {
+                Ok(u) => u,
+                Err(e) => {
+                    eprintln!("[node] weights refused: {e}");
+                    let _ = tx.send(controller, &ControlMsg::WeightsLoaded { id, result: Err(e) });
+                    return;
+                }
+            };
             let sent = match &hosted.rollout {
                 Some(r) => r.send_message(RolloutMsg::LoadWeights(update, port.into())).map_err(|e| format!("rollout actor: {e}")),
                 None => Err("this process hosts no rollout actor".into()),
@@ -481,7 +498,15 @@ fn on_data(hosted: &Hosted, msg: DataMsg, outboxes: &Outboxes, tx: &ControlSende
                     tokio::spawn(async move {
                         let msg = match rx {
                             Ok(rx) => match rx.await {
-                                Ok(update) if rank == 0 => DataMsg::Snapshot { id, update },
+                                Ok(update) if rank == 0 => {
+                                    // In bounded parts, in order; the controller puts them together.
+                                    for part in parts(&update, WEIGHT_PART_BYTES) {
+                                        if outboxes.send(&to, DataMsg::Snapshot { id, part }).await.is_err() {
+                                            break;
+                                        }
+                                    }
+                                    return;
+                                }
                                 Ok(_) => DataMsg::LearnerDone { id, rank, result: Ok(Json::of(&LearnerOut::Done)) },
                                 Err(_) => DataMsg::LearnerDone { id, rank, result: Err("the learner actor stopped".into()) },
                             },

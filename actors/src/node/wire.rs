@@ -12,7 +12,8 @@ use crate::reward::RewardSpec;
 use crate::learner::{CheckpointMeta, LearnerConfig, SftBatch, StepStats, TrainBatch};
 use crate::rollout::RolloutConfig;
 use super::weights::GroupSpec;
-use crate::weight_sync::image::{WeightAck, WeightUpdate};
+use crate::weight_sync::image::WeightAck;
+use crate::weight_sync::parts::WeightPart;
 use rlmesh_core::tools::ExecLimits;
 use rlmesh_mesh::frame::WireMessage;
 use serde::de::DeserializeOwned;
@@ -21,7 +22,8 @@ use std::path::PathBuf;
 
 /// Largest control message (tasks of one request, small records).
 pub const CONTROL_CAP: u64 = 4 << 20;
-/// Largest data message (a weight image, a batch, a request's groups).
+/// Largest data message (a batch, a request's groups, a part of a version:
+/// `crate::weight_sync::parts`).
 pub const DATA_CAP: u64 = 1 << 30;
 
 /// A value as JSON bytes (see the module docs).
@@ -204,8 +206,9 @@ pub enum LearnerOut {
 #[allow(missing_docs)]
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 pub enum DataMsg {
-    /// Controller → rollout node: a policy version to load (digest-checked there).
-    Weights { id: u64, update: WeightUpdate },
+    /// Controller → rollout node: the next part of a policy version to load
+    /// (a version is sent as its parts in order; digest-checked once all are in).
+    Weights { id: u64, part: WeightPart },
     /// Rollout node → reward node (or the controller): a request's groups
     /// ([`crate::rollout::actor::RolloutResult`] as JSON).
     Groups { id: u64, result: Result<Json, String> },
@@ -216,8 +219,8 @@ pub enum DataMsg {
     Learner { id: u64, call: Json },
     /// Learner rank → controller: the outcome of call `id` ([`LearnerOut`] as JSON).
     LearnerDone { id: u64, rank: u32, result: Result<Json, String> },
-    /// Learner rank 0 → controller: the weights asked for by call `id`.
-    Snapshot { id: u64, update: WeightUpdate },
+    /// Learner rank 0 → controller: the next part of the weights asked for by call `id`.
+    Snapshot { id: u64, part: WeightPart },
 }
 
 impl WireMessage for DataMsg {

@@ -9,8 +9,11 @@
 //! a version whose bytes changed and naming the bucket, and reports the
 //! version it now holds.
 //!
-//! [`image`] is the version as it travels and how a receiver checks and loads it.
+//! [`image`] is the version as it travels and how a receiver checks and loads it;
+//! [`parts`] the same version in bounded parts, for the data plane (a restarted
+//! rollout process catching up).
 pub mod image;
+pub mod parts;
 
 use self::image::WeightUpdate;
 use crate::rollout::actor::RolloutMsg;

@@ -25,6 +25,12 @@ pub fn oracle_script() -> PathBuf {
 /// Vocabulary of the tiny models.
 pub const VOCAB: i64 = 96;
 
+/// Writes a model directory under `dir` (`name`, random weights from `seed`).
+pub type MakeModel = fn(&Path, &str, i64) -> PathBuf;
+
+/// The two model shapes the dtype and checkpointing tests run on.
+pub const TWO_SHAPES: [(&str, MakeModel); 2] = [("qwen2-tiny", tiny_model), ("smollm2-shaped", smollm2_shaped_model)];
+
 /// A tiny Qwen2 (tied embeddings, q/k/v biases) with seeded random weights, saved under `dir/name`.
 pub fn tiny_model(dir: &Path, name: &str, seed: i64) -> PathBuf {
     random_model(

@@ -5,6 +5,8 @@ use crate::repo::{models_dir, python, repo_root};
 use clap::{Args, Subcommand};
 use rlmesh_actors::learner::bench::{bench_learner_step, LearnerBench};
 use rlmesh_actors::learner::bench_groups::{bench_groups, GroupsWorkload};
+use rlmesh_actors::learner::bench_shard::{bench_sharded, ShardBenchConfig};
+use rlmesh_actors::learner::Shard;
 use rlmesh_comm::bench::{bench_allreduce, bench_weight_sync, BenchConfig, WorkerCommand};
 use rlmesh_model::{SamplingParams, Transformer};
 use serde_json::{json, Value};
@@ -110,6 +112,13 @@ struct LearnerArgs {
     /// `groups`: computed tokens per packed micro-batch.
     #[arg(long, default_value_t = 4096)]
     micro_batch_tokens: usize,
+    /// Instead of the PyTorch peer: this sharding's step (`[learner] shard`) against the
+    /// unsharded one, each as `--ranks` processes on the CPU ring, in the same run.
+    #[arg(long, value_parser = ["optimizer", "gradients"])]
+    shard: Option<String>,
+    /// With `--shard`: rank processes per side (at least 2).
+    #[arg(long, default_value_t = 2)]
+    ranks: usize,
 }
 
 #[derive(Args)]
@@ -201,6 +210,9 @@ fn learner(l: LearnerArgs) -> CliResult {
             )));
         }
     }
+    if let Some(shard) = &l.shard {
+        return learner_sharded(&l, shard, &models);
+    }
     let mut reports = vec![];
     for name in &models {
         let bench = LearnerBench {
@@ -224,6 +236,39 @@ fn learner(l: LearnerArgs) -> CliResult {
         }
     }
     println!("{}", json!({ "bench": "learner", "workload": l.workload, "reports": reports }));
+    Ok(())
+}
+
+/// `launcher bench learner --shard MODE`: the sharded step against the unsharded one, as
+/// `launcher learner-rank` processes (rlmesh_actors::learner::bench_shard).
+fn learner_sharded(l: &LearnerArgs, shard: &str, models: &[String]) -> CliResult {
+    if l.ranks < 2 || l.device != "cpu" {
+        return Err(CliError::usage(anyhow::anyhow!("--shard: --ranks at least 2, on --device cpu (the CPU ring)")));
+    }
+    let shard = if shard == "optimizer" { Shard::Optimizer } else { Shard::Gradients };
+    let work = tempfile::tempdir()?;
+    let cores = threads_or_all(l.threads);
+    let cfg = ShardBenchConfig {
+        command: WorkerCommand::new(std::env::current_exe()?).arg("learner-rank"),
+        ranks: l.ranks,
+        shard,
+        config: rlmesh_actors::learner::bench::bench_config(l.batch),
+        batch: l.batch,
+        seq_len: l.seq_len,
+        warmup: l.warmup,
+        iters: l.iters,
+        threads: (cores / l.ranks).max(1) as i32,
+    };
+    let mut reports = vec![];
+    for name in models {
+        let r = bench_sharded(&resolve_model(name)?, &cfg, work.path()).map_err(|e| anyhow::anyhow!(e))?;
+        eprintln!(
+            "{name}: {} ranks, shard {} {:.0} tokens/s vs none {:.0} ({:.2}x); optimizer bytes per rank {:?} vs {:?}; largest loss difference {:.1e} of the largest loss",
+            r.ranks, r.sharded.shard, r.sharded.tokens_per_s, r.none.tokens_per_s, r.ratio, r.sharded.optimizer_bytes, r.none.optimizer_bytes, r.loss_rel_diff
+        );
+        reports.push(json!(r));
+    }
+    println!("{}", json!({ "bench": "learner", "workload": "sharded", "reports": reports }));
     Ok(())
 }
 

@@ -8,6 +8,7 @@ use crate::repo::models_dir;
 use crate::cmd::slurm;
 use crate::error::{CliError, CliResult, UsageContext};
 use clap::Args;
+use rlmesh_actors::controller::memory::{Assumptions, MemoryPlan, ModelShape};
 use rlmesh_actors::controller::plan::{plan, Plan};
 use rlmesh_actors::controller::recipe::Recipe;
 use rlmesh_actors::controller::run::{check_resumable, run, RunError, RunOptions};
@@ -117,6 +118,7 @@ pub fn up(a: UpArgs) -> CliResult {
         None => (topology, Default::default()),
     };
     let mut placement = plan(&topology);
+    check_memory(&a.deploy, &a.recipe, &recipe, &placement, &topology)?;
     let chaos = a.chaos.as_deref().map(|s| Chaos::parse(s, recipe.seed)).transpose().map_err(|e| CliError::usage(anyhow::anyhow!(e)))?;
     if let Some(c) = &chaos {
         if placement.processes.len() < 2 || !placement.processes.iter().any(|p| p.actors.iter().all(|x| x.role != Role::Controller) && p.actors.iter().any(|x| x.role == c.role)) {
@@ -331,6 +333,23 @@ pub(crate) fn fill_commands(plan: &mut rlmesh_actors::controller::plan::Plan, to
             _ => [topology.ssh.program.clone(), p.host.clone(), "--".into()].into_iter().chain(node).collect(),
         };
     }
+}
+
+/// The run's memory plan fits every GPU it uses (`launcher plan --recipe` shows it):
+/// a refusal names the process, its device and its largest item.
+fn check_memory(deploy: &Path, file: &Path, recipe: &Recipe, placement: &Plan, topology: &Topology) -> CliResult {
+    let shape = ModelShape::of_recipe(recipe).map_err(|e| CliError::usage(anyhow::anyhow!("{}: {e}", file.display())))?;
+    let memory = MemoryPlan::of(placement, topology, recipe, shape, Assumptions::default());
+    memory.check().map_err(|o| {
+        CliError::usage(anyhow::anyhow!(
+            "{} on {}: the run does not fit its GPUs' memory: {}; see `launcher plan {} --recipe {}` ([learner] shard, dtype, checkpoint_activations, micro_batch_tokens lower it)",
+            file.display(),
+            deploy.display(),
+            MemoryPlan::describe(&o),
+            deploy.display(),
+            file.display()
+        ))
+    })
 }
 
 /// A recipe's `model.path` other than `"tiny"` is a transformers directory with a tokenizer.
