@@ -37,6 +37,9 @@ pub struct ServeConfig {
     pub model_name: String,
     /// Other names a request may use for the model (e.g. the directory's name).
     pub aliases: Vec<String>,
+    /// Answer whatever model a request names (agent programs in training name
+    /// the model they were written for; the policy answers).
+    pub any_model: bool,
     /// How the model writes tool calls.
     pub tool_format: ToolFormat,
     /// Who may call.
@@ -54,6 +57,7 @@ impl Default for ServeConfig {
         ServeConfig {
             model_name: "model".into(),
             aliases: vec![],
+            any_model: false,
             tool_format: ToolFormat::Hermes,
             auth: Auth::Open,
             max_body_bytes: 2 << 20,
@@ -90,7 +94,7 @@ impl Shared {
 
     /// 404 unless `model` names this endpoint's model (empty: the default).
     pub(crate) fn check_model(&self, model: &str) -> Result<(), ApiError> {
-        if model.is_empty() || model == self.config.model_name || self.config.aliases.iter().any(|a| a == model) {
+        if self.config.any_model || model.is_empty() || model == self.config.model_name || self.config.aliases.iter().any(|a| a == model) {
             return Ok(());
         }
         Err(ApiError::not_found(format!("The model `{model}` does not exist. This endpoint serves `{}`.", self.config.model_name), "model_not_found"))
@@ -188,13 +192,32 @@ async fn admit<'a>(s: &'a Shared, headers: &HeaderMap, body: Body) -> Result<(In
     }
     let key = bearer(headers);
     authorize(&s.config.auth, &key)?;
-    let limit = s.config.max_body_bytes;
-    let declared = headers.get(axum::http::header::CONTENT_LENGTH).and_then(|v| v.to_str().ok()).and_then(|v| v.parse::<usize>().ok());
-    if declared.is_some_and(|len| len > limit) {
+    let bytes = read_body(body, s.config.max_body_bytes).await?;
+    Ok((guard, bytes, key))
+}
+
+/// The body, or 413 past `limit` bytes. An oversized body is still read (up to
+/// 16 times the limit, then the connection is dropped) so that a client that
+/// sends it whole before reading gets the answer rather than a broken pipe.
+async fn read_body(body: Body, limit: usize) -> Result<Bytes, ApiError> {
+    use futures_util::StreamExt;
+    let mut stream = body.into_data_stream();
+    let mut buf: Vec<u8> = vec![];
+    let mut seen = 0usize;
+    while let Some(frame) = stream.next().await {
+        let frame = frame.map_err(|e| ApiError::bad_request(format!("reading the body: {e}"), None))?;
+        seen = seen.saturating_add(frame.len());
+        if seen > limit.saturating_mul(16) {
+            break;
+        }
+        if seen <= limit {
+            buf.extend_from_slice(&frame);
+        }
+    }
+    if seen > limit {
         return Err(ApiError::too_large(limit));
     }
-    let bytes = axum::body::to_bytes(body, limit).await.map_err(|_| ApiError::too_large(limit))?;
-    Ok((guard, bytes, key))
+    Ok(Bytes::from(buf))
 }
 
 fn bearer(headers: &HeaderMap) -> String {

@@ -93,6 +93,7 @@ pub fn run(a: ServeArgs) -> CliResult {
     let config = ServeConfig {
         model_name: name.clone(),
         aliases,
+        any_model: false,
         tool_format: format,
         auth: a.api_key.clone().filter(|k| !k.is_empty()).map_or(Auth::Open, Auth::Key),
         max_body_bytes: usize::try_from(a.max_request_bytes).unwrap_or(usize::MAX),
