@@ -16,7 +16,8 @@
 //!   tool format); [`stream`] writes server-sent events.
 //! - [`server`] is the axum server: routes, keys, limits, `/health`, `/metrics`;
 //!   [`error`] the OpenAI-shaped errors; [`sessions`] the per-rollout keys and
-//!   call records of agent programs.
+//!   call records of agent programs; [`agent`] the per-rollout session table
+//!   and the agent program's process (environment, stdin, timeout, group kill).
 //!
 //! ```no_run
 //! # async fn f(tokenizer: std::sync::Arc<rlmesh_model::Tokenizer>) -> std::io::Result<()> {
@@ -30,6 +31,7 @@
 //! ```
 #![warn(missing_docs)]
 
+pub mod agent;
 pub mod batcher;
 pub mod chat;
 mod complete;
