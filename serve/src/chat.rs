@@ -14,6 +14,9 @@ use serde_json::{json, Map, Value};
 
 /// Most completions one request may ask for.
 pub const MAX_N: u64 = 64;
+/// `max_tokens` when a request sets none: the rest of the context, at most this
+/// (the engine preallocates its KV cache for the longest completion a batch may reach).
+pub const DEFAULT_MAX_TOKENS: usize = 2048;
 /// Most `top_logprobs` (OpenAI's limit).
 pub const MAX_TOP_LOGPROBS: u64 = 20;
 
@@ -147,7 +150,7 @@ pub fn sampling_params(s: &Sampling, prompt_len: usize, context: usize, stop_ids
     let max_new = match s.max_completion_tokens.or(s.max_tokens) {
         Some(0) => return Err(ApiError::bad_request("max_tokens must be at least 1", Some("max_tokens"))),
         Some(m) => usize::try_from(m).unwrap_or(usize::MAX),
-        None => context - prompt_len,
+        None => (context - prompt_len).min(DEFAULT_MAX_TOKENS),
     };
     if prompt_len.saturating_add(max_new) > context {
         return Err(ApiError::context_overflow(prompt_len, max_new, context));
@@ -208,4 +211,63 @@ pub fn token_piece(tok: &Tokenizer, id: u32) -> (String, Vec<u8>) {
     let text = tok.decode(&[id], false).unwrap_or_default();
     let bytes = text.as_bytes().to_vec();
     (text, bytes)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn wire_tool_calls_become_template_calls_and_tool_messages_get_the_call_name() {
+        let wire = vec![
+            json!({"role": "developer", "content": [{"type": "text", "text": "Be "}, {"type": "text", "text": "brief."}]}),
+            json!({"role": "user", "content": "3 + 4?"}),
+            json!({"role": "assistant", "content": null, "tool_calls": [{"id": "c1", "type": "function", "function": {"name": "calculator", "arguments": "{\"a\": 3, \"b\": 4}"}}]}),
+            json!({"role": "tool", "tool_call_id": "c1", "content": "7"}),
+        ];
+        let m = template_messages(&wire).unwrap();
+        assert_eq!(m[0], json!({"role": "system", "content": "Be brief."}));
+        assert_eq!(m[2]["tool_calls"][0]["function"]["arguments"], json!({"a": 3, "b": 4}));
+        assert_eq!(m[2]["content"], "");
+        assert_eq!(m[3]["name"], "calculator");
+        let bad = [json!({"role": "assistant", "tool_calls": [{"function": {"name": "f", "arguments": "{not json"}}]})];
+        assert!(template_messages(&bad).unwrap_err().message.contains("not JSON"));
+        assert_eq!(template_messages(&[json!({"role": "wizard", "content": ""})]).unwrap_err().status, axum::http::StatusCode::BAD_REQUEST);
+    }
+
+    #[test]
+    fn sampling_fields_are_range_checked_and_the_context_bounds_the_completion() {
+        let ok = Sampling { max_tokens: Some(10), ..Default::default() };
+        let (p, n, seeded) = sampling_params(&ok, 5, 100, &[2]).unwrap();
+        assert_eq!((p.max_new_tokens, p.temperature, n, seeded, p.stop_token_ids), (10, 1.0, 1, false, vec![2]));
+        let (p, ..) = sampling_params(&Sampling::default(), 5, 100, &[2]).unwrap();
+        assert_eq!(p.max_new_tokens, 95, "default: the rest of the context");
+        let over = sampling_params(&Sampling { max_tokens: Some(96), ..Default::default() }, 5, 100, &[2]).unwrap_err();
+        assert_eq!(over.code, Some("context_length_exceeded"));
+        for bad in [Sampling { temperature: Some(-0.1), ..Default::default() }, Sampling { top_p: Some(0.0), ..Default::default() }, Sampling { n: Some(0), ..Default::default() }] {
+            assert_eq!(sampling_params(&bad, 5, 100, &[2]).unwrap_err().status, axum::http::StatusCode::BAD_REQUEST);
+        }
+        let (_, _, seeded) = sampling_params(&Sampling { seed: Some(3), ..Default::default() }, 5, 100, &[2]).unwrap();
+        assert!(seeded);
+    }
+
+    #[test]
+    fn calls_in_the_model_format_become_tool_calls_and_malformed_ones_stay_text() {
+        let mut ids = 0;
+        let mut next = || {
+            ids += 1;
+            format!("call_{ids}")
+        };
+        let text = "Sure.\n<tool_call>\n{\"name\": \"calculator\", \"arguments\": {\"a\": 1}}\n</tool_call>".to_string();
+        let (m, finish) = assistant_message(text, "stop", true, ToolFormat::Hermes, &mut next);
+        assert_eq!(finish, "tool_calls");
+        assert_eq!(m["content"], "Sure.");
+        assert_eq!(m["tool_calls"][0]["function"]["name"], "calculator");
+        assert_eq!(serde_json::from_str::<Value>(m["tool_calls"][0]["function"]["arguments"].as_str().unwrap()).unwrap(), json!({"a": 1}));
+        let broken = "<tool_call>\n{\"name\": \n</tool_call>".to_string();
+        let (m, finish) = assistant_message(broken.clone(), "stop", true, ToolFormat::Hermes, &mut next);
+        assert_eq!((m["content"].as_str().unwrap(), finish), (broken.as_str(), "stop"));
+        let (m, finish) = assistant_message("{\"name\": \"calculator\", \"parameters\": {}}".into(), "stop", false, ToolFormat::Llama3Json, &mut next);
+        assert_eq!((m["tool_calls"].as_array().unwrap().len(), finish), (0, "stop"), "no tools offered: no calls parsed");
+    }
 }
