@@ -50,13 +50,18 @@ fn get(addr: &str, path: &str) -> std::io::Result<(u16, String)> {
 /// Starts `launcher serve` on SmolLM2-135M with the Qwen2.5 tool template and
 /// `extra` flags; returns once `/health` answers 200.
 fn serve(extra: &[&str]) -> Server {
+    let mut args = vec!["--chat-template".to_string(), template().display().to_string()];
+    args.extend(extra.iter().map(|s| s.to_string()));
+    serve_model(&model(), &args)
+}
+
+/// Starts `launcher serve --model dir ARGS`; returns once `/health` answers 200.
+fn serve_model(dir: &std::path::Path, args: &[String]) -> Server {
     let mut child = Command::new(env!("CARGO_BIN_EXE_launcher"))
         .args(["serve", "--model"])
-        .arg(model())
-        .args(["--listen", "127.0.0.1:0", "--chat-template"])
-        .arg(template())
-        .args(["--threads", "2"])
-        .args(extra)
+        .arg(dir)
+        .args(["--listen", "127.0.0.1:0", "--threads", "2"])
+        .args(args)
         .stdout(Stdio::piped())
         .stderr(Stdio::inherit())
         .spawn()
@@ -174,4 +179,29 @@ fn a_model_that_cannot_load_is_a_usage_error() {
         .unwrap();
     assert_eq!(out.status.code(), Some(2), "{}", String::from_utf8_lossy(&out.stderr));
     assert!(String::from_utf8_lossy(&out.stderr).contains("model.safetensors"), "{}", String::from_utf8_lossy(&out.stderr));
+}
+
+/// A run's own checkpoint, served as it was saved (its template is rlmesh's tool template).
+const TINY_RUN: &str = "reward = \"final_only\"\ntools = [\"calculator\"]\n[model]\npath = \"tiny\"\ntokenizer = \"smollm2\"\nhidden = 64\nlayers = 2\nheads = 4\nkv_heads = 2\n[tasks]\nsize = 64\nheld_out = 100\n[sft]\nsteps = 4\nbatch_size = 8\ntasks = 64\n[rl]\nsteps = 1\ngroup_size = 2\ngroups_per_step = 2\nmax_turns = 2\nmax_new_tokens = 16\n";
+
+#[test]
+fn a_finished_runs_checkpoint_answers_the_openai_client() {
+    let _one = ONE_AT_A_TIME.lock().unwrap_or_else(|p| p.into_inner());
+    let dir = tempfile::tempdir().unwrap();
+    let recipe = dir.path().join("tiny.toml");
+    std::fs::write(&recipe, TINY_RUN).unwrap();
+    let run = dir.path().join("run");
+    let out = Command::new(env!("CARGO_BIN_EXE_launcher"))
+        .args(["up", "deploy/local.toml", "--recipe"])
+        .arg(&recipe)
+        .arg("--run-dir")
+        .arg(&run)
+        .args(["--metrics-addr", "127.0.0.1:0"])
+        .current_dir(repo())
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "launcher up: {}", String::from_utf8_lossy(&out.stderr));
+    let server = serve_model(&run.join("checkpoints/latest"), &[]);
+    let smoke = case(&server, "smoke", &[]);
+    assert!(smoke["tokens"].as_u64().unwrap() > 0);
 }

@@ -5,7 +5,7 @@ transformers on the same weights and chat template.
 
 Each case raises (exit 1, with the reason) when the endpoint is wrong, and
 prints one JSON object of what it saw (exit 0). Cases: chat, tools, stream,
-n, logprobs, completions, errors, auth, busy, batch.
+n, logprobs, completions, errors, auth, busy, batch, smoke.
 """
 import argparse
 import concurrent.futures as cf
@@ -329,6 +329,18 @@ def case_batch(a):
     for t, s in zip(together, alone):
         expect(t.choices[0].token_ids == s.choices[0].token_ids, f"batched {t.choices[0].token_ids} != alone {s.choices[0].token_ids}")
     return {"batched": [t.choices[0].message.content for t in together]}
+
+
+def case_smoke(a):
+    """Any model answers: the model list, a chat with a tool offered, a text completion."""
+    c = client(a)
+    m = model_id(c)
+    r = c.chat.completions.create(model=m, messages=[{"role": "user", "content": "What is 17 times 24?"}], tools=[CALCULATOR], temperature=0, max_tokens=24)
+    ch = r.choices[0]
+    expect(ch.finish_reason in ("stop", "length", "tool_calls") and r.usage.completion_tokens > 0, f"chat: {r}")
+    t = c.completions.create(model=m, prompt="17 times 24 is", temperature=0, max_tokens=8)
+    expect(t.usage.completion_tokens > 0, f"completion: {t}")
+    return {"finish": ch.finish_reason, "tokens": r.usage.completion_tokens}
 
 
 def main():
