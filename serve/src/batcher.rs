@@ -117,10 +117,10 @@ impl Batcher {
     }
 
     /// Queues a job; gives it back when the batcher is gone.
-    pub fn submit(&self, job: Job) -> Result<(), Job> {
+    pub fn submit(&self, job: Job) -> Result<(), Box<Job>> {
         match self.jobs.lock().unwrap_or_else(|p| p.into_inner()).as_ref() {
-            Some(tx) => tx.send(job).map_err(|e| e.0),
-            None => Err(job),
+            Some(tx) => tx.send(job).map_err(|e| Box::new(e.0)),
+            None => Err(Box::new(job)),
         }
     }
 

@@ -92,7 +92,7 @@ pub fn top_logprobs_on(model: &Transformer, sequence: &[u32], from: usize, k: us
         let n = (sequence.len() - from) as i64;
         let mut logits = logits.narrow(1, from as i64 - 1, n).squeeze_dim(0).to_kind(Kind::Float);
         if temperature > 0.0 {
-            logits = logits / temperature;
+            logits /= temperature;
         }
         let logp = logits.log_softmax(-1, Kind::Float);
         let (values, indices) = logp.topk(k as i64, -1, true, true);
