@@ -32,9 +32,19 @@ add_mcp() {
   touch "$stamp"
 }
 
+# The stock OpenAI Python client: `launcher serve`'s tests and the example agent program speak through it.
+add_openai() {
+  local stamp="$VENV/.rlmesh-openai-3.51.0"
+  [ -f "$stamp" ] && return 0
+  echo "[setup] adding openai 3.51.0 to $VENV" >&2
+  "$VENV/bin/pip" install --quiet "openai==3.51.0" >&2
+  touch "$stamp"
+}
+
 if [ -f "$STAMP" ]; then
   add_trl
   add_mcp
+  add_openai
   echo "$VENV"
   exit 0
 fi
@@ -64,4 +74,5 @@ fi
 touch "$STAMP"
 add_trl
 add_mcp
+add_openai
 echo "$VENV"

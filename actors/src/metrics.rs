@@ -233,6 +233,14 @@ metrics! {
         "Input from peers this process refused, and went on serving (plane: control or data; reason: malformed, version, kind, too_large, unauthenticated, payload, handshake = a session that never authenticated, unexpected = a message of the wrong type, unknown_peer, duplicate = a second process claiming a taken name or rank, superseded = a replaced process speaking up); each is named in the log with the peer's address.";
     peers_lost_total: IntCounterVec["peer"] => "rlmesh_peers_lost_total",
         "Processes this one declared lost: silent past the heartbeat deadline, or (the controller) exited or unreachable.";
+    serve_requests_total: IntCounterVec["endpoint", "status"] => "rlmesh_serve_requests_total",
+        "Requests the OpenAI-compatible endpoint answered (endpoint: chat or completions; status: the HTTP status).";
+    serve_request_seconds: HistogramVec["endpoint"] buckets prometheus::exponential_buckets(0.005, 2.0, 14).expect("valid buckets") => "rlmesh_serve_request_seconds",
+        "Seconds from a request's arrival at the OpenAI-compatible endpoint to its answer (queueing and generation included).";
+    serve_batch_rows: Histogram buckets vec![1.0, 2.0, 4.0, 8.0, 16.0, 32.0, 64.0, 128.0] => "rlmesh_serve_batch_rows",
+        "Rows (samples) of each engine call the endpoint made: concurrent requests share one.";
+    agent_sessions_total: IntCounterVec["shape"] => "rlmesh_agent_sessions_total",
+        "Agent-program sessions that became trajectories (shape: prefix = every call extended the previous one, one sequence; segments = one segment per call).";
 }
 
 /// Kinds of learner tokens (`rlmesh_learner_tokens_total{kind}`).

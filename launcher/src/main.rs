@@ -1,7 +1,7 @@
 //! `launcher` — the rlmesh command line.
 //!
 //! Running: `up`, `submit`, `k8s`, `plan`, `status`, `down`, `monitor`, `report`. Inspecting (JSON in, JSON
-//! out): `score`, `render`, `chat`, `advantages`, `reward`. Measuring: `bench`.
+//! out): `score`, `render`, `chat`, `advantages`, `reward`. Serving: `serve`. Measuring: `bench`.
 //! Every subcommand prints a clear error and exits non-zero on bad input
 //! (2 for usage and config errors).
 use clap::{Parser, Subcommand};
@@ -47,6 +47,8 @@ enum Command {
     Advantages(cmd::inspect::AdvantagesArgs),
     /// Score completions offline (JSONL in, JSONL out).
     Reward(cmd::inspect::RewardArgs),
+    /// An OpenAI-compatible endpoint on a model directory (chat and text completions, tools, log-probs, streaming).
+    Serve(cmd::serve::ServeArgs),
     /// Benchmarks, each printing the ratio against its peer measured in the same run.
     Bench(cmd::bench::BenchArgs),
     /// One process of a distributed run, started by `up` (its place comes from the plan's RLMESH_* environment).
@@ -98,6 +100,7 @@ fn main() -> ExitCode {
         Command::Advantages(a) => cmd::inspect::advantages(a),
         Command::Reward(a) => cmd::inspect::reward(a),
         Command::Bench(a) => cmd::bench::run(a),
+        Command::Serve(a) => cmd::serve::run(a),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,

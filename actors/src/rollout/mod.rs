@@ -42,6 +42,7 @@
 //! assert_eq!(groups[0].trajectories.len(), 4);
 //! # }
 //! ```
+pub mod agent;
 mod conversation;
 mod tool_loop;
 pub mod tools;

@@ -10,6 +10,7 @@ pub mod k8s;
 pub mod monitor;
 pub mod plan;
 pub mod report;
+pub mod serve;
 pub mod slurm;
 pub mod status;
 pub mod submit;

@@ -1,0 +1,5 @@
+include!("../build-support/torch_link.rs");
+
+fn main() {
+    link_libtorch();
+}
