@@ -24,7 +24,8 @@
 #      f32 learner step with the NCCL gradient all-reduce vs the same step without a communicator
 #   5. gpu_check greedy-match: CUDA f32 greedy tokens == CPU f32 greedy tokens (tiny model)
 #   6. gpu_check learner: learner step tokens/s on CUDA bf16 vs the PyTorch eager peer
-#      (tests/oracle/loss_oracle.py bench) on the same weights and batch
+#      (tests/oracle/loss_oracle.py bench) on the same weights and batch; 6b. launcher bench learner
+#      --workload groups on CUDA bf16 (shared prefix, packed, padded, PyTorch eager)
 #   7. gpu_check generate: greedy generation tokens/s, bf16 and f32, batch 1/8/32
 #   8. scripts/gpu-generate-peer.py: transformers generate on the same weights/prompts, same figures
 #
@@ -164,6 +165,10 @@ L=("$BIN/gpu_check" learner --device cuda --dtype bf16 --python "$PY" --script t
 section learner-tiny 90 "${L[@]}" --model "$TINY" --batch 8 --seq 64 --iters 20
 section learner-smollm2-8x512 120 "${L[@]}" --model "$SMOL" --batch 8 --seq 512 --iters 10
 section learner-smollm2-32x512 120 "${L[@]}" --model "$SMOL" --batch 32 --seq 512 --iters 5
+
+# --- 6b. the grouped workload (issue 52), CUDA bf16: G = 8 rollouts of a 300-token prompt, the group's
+#         prompt once (shared prefix), packed, padded, and PyTorch eager padded as TRL pads; same run
+section learner-groups 240 env RLMESH_PYTHON="$PY" "$BIN/launcher" bench learner --workload groups --device cuda --models "$SMOL" --rounds 3
 
 # --- 7. generation throughput (rlmesh), then 8. the transformers peer
 G=(--models "$TINY,$SMOL" --dtypes bf16,f32 --batch 1,8,32 --new-tokens 128 --prompt-len 32 --repeats "${GEN_REPEATS:-3}")

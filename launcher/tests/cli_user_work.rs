@@ -127,3 +127,29 @@ fn failing_verifiers_drop_their_groups_as_unscorable_and_the_run_finishes() {
         assert!(row.get("reward_function/verifier:crash").is_some(), "{row}");
     }
 }
+
+/// `examples/tool-agent` as a user runs it, cut to 2 warm-up and 2 RL steps: SmolLM2 with the shop's
+/// MCP server, the JSONL tasks, the warm-up file and the verifier, to a finished run.
+#[test]
+fn the_example_trains_two_rl_steps() {
+    let tmp = tempfile::tempdir().unwrap();
+    let run = tmp.path().join("run");
+    let recipe = repo().join("examples/tool-agent/recipe.toml");
+    let args = ["up", "deploy/local.toml", "--recipe", recipe.to_str().unwrap(), "--run-dir", run.to_str().unwrap(), "--metrics-addr", "127.0.0.1:0"];
+    let o = launcher(&[&args[..], &["--sft-steps", "2", "--max-steps", "2", "--eval-limit", "4"]].concat());
+    assert_eq!(code(&o), 0, "{}", stderr(&o));
+    let summary: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(run.join("summary.json")).unwrap()).unwrap();
+    assert_eq!(summary["steps"], 2);
+    let (trained, _) = ledger_counts(&run);
+    assert!(trained.len() == 8 && trained.values().all(|&n| n == 1), "2 steps of 4 groups, each trained once: {trained:?}");
+    let steps: Vec<serde_json::Value> = jsonl(&run.join("metrics.jsonl")).into_iter().filter(|r| r.get("reward_mean").is_some()).collect();
+    assert_eq!(steps.len(), 2);
+    for row in &steps {
+        // The verifier scored every trained rollout, and a group's prompt was computed once.
+        assert!(row["reward_function/verifier:catalogue"].as_f64().is_some_and(|v| (0.0..=1.0).contains(&v)), "{row}");
+        assert!(row["learner_computed_per_trained"].as_f64().is_some_and(|r| r > 0.0), "{row}");
+    }
+    // Every task id in the ledger comes from the file.
+    let rollouts = jsonl(&run.join("rollouts.jsonl"));
+    assert!(!rollouts.is_empty() && rollouts.iter().all(|r| r["prompt_id"].as_str().is_some_and(|id| id.starts_with("shop-"))));
+}
