@@ -154,6 +154,7 @@ fn sequence(task: &Task, sample_index: usize, prompt: &[u32], tokenizer: &Tokeni
         completion: String::new(),
         final_answer: String::new(),
         stop_reason: StopReason::Answered,
+        grades: Vec::new(),
     }
 }
 
