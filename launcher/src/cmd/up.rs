@@ -118,6 +118,8 @@ pub fn up(a: UpArgs) -> CliResult {
         None => (topology, Default::default()),
     };
     let mut placement = plan(&topology);
+    // The model directory first: the memory plan reads its config.json.
+    check_model(&a.recipe, &recipe)?;
     check_memory(&a.deploy, &a.recipe, &recipe, &placement, &topology)?;
     let chaos = a.chaos.as_deref().map(|s| Chaos::parse(s, recipe.seed)).transpose().map_err(|e| CliError::usage(anyhow::anyhow!(e)))?;
     if let Some(c) = &chaos {
@@ -138,7 +140,6 @@ pub fn up(a: UpArgs) -> CliResult {
     if !a.dry_run {
         check_startable(&a.deploy, &topology, &placement)?;
     }
-    check_model(&a.recipe, &recipe)?;
     check_run_dir(&run_dir, &recipe, a.resume)?;
     std::net::TcpListener::bind(&metrics_addr).usage(format!("/metrics on {metrics_addr} (--metrics-addr, or {}: ports.metrics)", a.deploy.display()))?;
     let program = std::env::current_exe().unwrap_or_else(|_| PathBuf::from("launcher"));
