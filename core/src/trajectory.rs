@@ -97,7 +97,9 @@ pub struct Trajectory {
     pub stop_reason: StopReason,
     /// The tool sources' own grades of the rollout, by source (reward
     /// function `env:<source>`): a value, not applicable, or could not grade.
-    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    /// Always serialised: bincode is not self-describing, so a skipped
+    /// field would shift every byte after it.
+    #[serde(default)]
     pub grades: Vec<(String, crate::reward::functions::Score)>,
 }
 

@@ -88,7 +88,9 @@ fn up_checks_everything_before_it_creates_anything() {
     // A model directory that does not exist, or holds no tokenizer.
     let half = tmp.path().join("half-model");
     std::fs::create_dir_all(&half).unwrap();
-    std::fs::write(half.join("config.json"), "{}").unwrap();
+    // A real (tiny) config, so the memory plan reads it and the tokenizer is what is missing.
+    let config = r#"{"architectures":["LlamaForCausalLM"],"vocab_size":256,"hidden_size":64,"intermediate_size":128,"num_hidden_layers":2,"num_attention_heads":4,"num_key_value_heads":2,"max_position_embeddings":512,"rms_norm_eps":1e-5,"rope_theta":10000.0,"tie_word_embeddings":true,"torch_dtype":"float32"}"#;
+    std::fs::write(half.join("config.json"), config).unwrap();
     let missing = tmp.path().join("missing.toml");
     for (path, says) in [("/nonexistent/model", "/nonexistent/model does not exist"), (half.to_str().unwrap(), "half-model holds no tokenizer.json")] {
         std::fs::write(&missing, std::fs::read_to_string(&tiny).unwrap().replace("[model]\n", &format!("[model]\npath = \"{path}\"\n"))).unwrap();

@@ -118,8 +118,9 @@ pub fn up(a: UpArgs) -> CliResult {
         None => (topology, Default::default()),
     };
     let mut placement = plan(&topology);
-    // The model directory first: the memory plan reads its config.json.
-    check_model(&a.recipe, &recipe)?;
+    // The model directory and its config.json first: the memory plan reads it
+    // (a plan needs no weights or tokenizer, so those are checked after it).
+    check_model_config(&a.recipe, &recipe)?;
     check_memory(&a.deploy, &a.recipe, &recipe, &placement, &topology)?;
     let chaos = a.chaos.as_deref().map(|s| Chaos::parse(s, recipe.seed)).transpose().map_err(|e| CliError::usage(anyhow::anyhow!(e)))?;
     if let Some(c) = &chaos {
@@ -140,6 +141,7 @@ pub fn up(a: UpArgs) -> CliResult {
     if !a.dry_run {
         check_startable(&a.deploy, &topology, &placement)?;
     }
+    check_model(&a.recipe, &recipe)?;
     check_run_dir(&run_dir, &recipe, a.resume)?;
     std::net::TcpListener::bind(&metrics_addr).usage(format!("/metrics on {metrics_addr} (--metrics-addr, or {}: ports.metrics)", a.deploy.display()))?;
     let program = std::env::current_exe().unwrap_or_else(|_| PathBuf::from("launcher"));
@@ -355,6 +357,15 @@ fn check_memory(deploy: &Path, file: &Path, recipe: &Recipe, placement: &Plan, t
 
 /// A recipe's `model.path` other than `"tiny"` is a transformers directory with a tokenizer.
 pub(crate) fn check_model(file: &Path, recipe: &Recipe) -> CliResult {
+    model_dir_check(file, recipe, true)
+}
+
+/// [`check_model`] without the tokenizer: what the memory plan needs.
+fn check_model_config(file: &Path, recipe: &Recipe) -> CliResult {
+    model_dir_check(file, recipe, false)
+}
+
+fn model_dir_check(file: &Path, recipe: &Recipe, tokenizer: bool) -> CliResult {
     if recipe.tiny_model() {
         return Ok(());
     }
@@ -363,7 +374,7 @@ pub(crate) fn check_model(file: &Path, recipe: &Recipe) -> CliResult {
         "does not exist (or is not a directory)"
     } else if !dir.join("config.json").is_file() {
         "holds no config.json (not a transformers model directory)"
-    } else if !dir.join("tokenizer.json").is_file() {
+    } else if tokenizer && !dir.join("tokenizer.json").is_file() {
         "holds no tokenizer.json"
     } else {
         return Ok(());
