@@ -136,7 +136,7 @@ fn the_example_trains_two_rl_steps() {
     let run = tmp.path().join("run");
     let recipe = repo().join("examples/tool-agent/recipe.toml");
     let args = ["up", "deploy/local.toml", "--recipe", recipe.to_str().unwrap(), "--run-dir", run.to_str().unwrap(), "--metrics-addr", "127.0.0.1:0"];
-    let o = launcher(&[&args[..], &["--sft-steps", "2", "--max-steps", "2", "--eval-limit", "4"]].concat());
+    let o = launcher(&[&args[..], &["--sft-steps", "2", "--max-steps", "2", "--eval-limit", "4", "--record-batches"]].concat());
     assert_eq!(code(&o), 0, "{}", stderr(&o));
     let summary: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(run.join("summary.json")).unwrap()).unwrap();
     assert_eq!(summary["steps"], 2);
@@ -152,4 +152,22 @@ fn the_example_trains_two_rl_steps() {
     // Every task id in the ledger comes from the file.
     let rollouts = jsonl(&run.join("rollouts.jsonl"));
     assert!(!rollouts.is_empty() && rollouts.iter().all(|r| r["prompt_id"].as_str().is_some_and(|id| id.starts_with("shop-"))));
+
+    // `launcher reward --recipe` scores the recorded rollouts offline to the
+    // totals (and each function's value) the live run trained on.
+    let scored = run.join("scored.jsonl");
+    let live = jsonl(&scored);
+    assert_eq!(live.len(), 32, "2 steps × 4 groups × 4 rollouts");
+    let o = launcher(&["reward", "--recipe", recipe.to_str().unwrap(), "--input", scored.to_str().unwrap()]);
+    assert_eq!(code(&o), 0, "{}", stderr(&o));
+    let offline: Vec<serde_json::Value> = stdout(&o).lines().map(|l| serde_json::from_str(l).unwrap()).collect();
+    assert_eq!(offline.len(), live.len());
+    let mut verified = 0;
+    for (a, b) in live.iter().zip(&offline) {
+        let (x, y) = (a["total"].as_f64().unwrap(), b["total"].as_f64().unwrap());
+        assert!((x - y).abs() < 1e-12, "live {x} offline {y}: {b}");
+        assert_eq!(a["functions"], b["functions"], "{b}");
+        verified += b["functions"]["verifier:catalogue"].is_number() as usize;
+    }
+    assert!(verified > 0, "the verifier's values were compared, not only the rubric's");
 }

@@ -73,6 +73,22 @@ pub(super) fn batch_record(step: u64, groups: &[ScoredGroup], batch: &TrainBatch
         .collect();
     json!({"step": step, "sequences": sequences})
 }
+/// `RUN_DIR/scored.jsonl` (with `--record-batches`): each trained rollout as
+/// the reward actor saw it (task and trajectory) with the total and the reward
+/// functions' values it was trained on. `launcher reward --recipe` scores these
+/// lines again, offline, to the same totals.
+pub(super) fn scored_records(step: u64, groups: &[ScoredGroup]) -> Vec<Value> {
+    groups
+        .iter()
+        .flat_map(|g| {
+            g.group.trajectories.iter().zip(&g.scores).map(move |(t, s)| {
+                let functions: serde_json::Map<String, Value> = s.functions.iter().map(|(n, v)| (n.clone(), json!(v))).collect();
+                json!({"step": step, "group": g.group.group_id, "sample": t.sample_index, "task": g.group.task, "trajectory": t, "total": s.total, "functions": functions})
+            })
+        })
+        .collect()
+}
+
 /// What one RL step did, for its record.
 pub(super) struct StepFacts<'a> {
     pub(super) step: u64,

@@ -9,7 +9,7 @@ use super::driver::Driver;
 use super::ledger::Ledger;
 use super::progress::{eta, Progress};
 use super::recipe::Recipe;
-use super::record::{batch_record, step_record, StepFacts, StepPhases};
+use super::record::{batch_record, scored_records, step_record, StepFacts, StepPhases};
 use super::error::{actor_err, answered, RunError};
 use super::journal::{checkpoint, write_status, Cursor, Jsonl};
 use super::staleness::{Admission, Gate, Mode};
@@ -77,6 +77,7 @@ pub(super) struct RlLoop<'a> {
     metrics_log: Jsonl,
     rollouts_log: Jsonl,
     batches_log: Option<Jsonl>,
+    scored_log: Option<Jsonl>,
     dispatched_requests: u64,
     gen_tokens: usize,
     gen_seconds: f64,
@@ -99,9 +100,9 @@ impl<'a> RlLoop<'a> {
     /// the ledger's lost groups to send out again first.
     pub(super) fn open(cx: RlContext<'a>, ledger: Ledger, retry: VecDeque<(u64, Task)>, start: &Cursor, version: u64, record_batches: bool) -> Result<Self, RunError> {
         let dir = cx.dir;
-        let batches_log = match record_batches {
-            true => Some(Jsonl::resume(dir.join("batches.jsonl"), usize::MAX)?),
-            false => None,
+        let (batches_log, scored_log) = match record_batches {
+            true => (Some(Jsonl::resume(dir.join("batches.jsonl"), usize::MAX)?), Some(Jsonl::resume(dir.join("scored.jsonl"), usize::MAX)?)),
+            false => (None, None),
         };
         let now = Instant::now();
         cx.metrics.staleness_bound.set(cx.recipe.mode().max_staleness() as f64);
@@ -111,6 +112,7 @@ impl<'a> RlLoop<'a> {
             metrics_log: Jsonl::resume(dir.join("metrics.jsonl"), start.metrics_rows)?,
             rollouts_log: Jsonl::resume(dir.join("rollouts.jsonl"), start.rollouts_rows)?,
             batches_log,
+            scored_log,
             cursor: ledger.next_group_id() as usize,
             ledger,
             retry,
@@ -306,6 +308,11 @@ impl<'a> RlLoop<'a> {
         let tb = train_batch(&admitted, &self.estimator).map_err(|e| RunError::Actor { actor: "controller", message: format!("advantages: {e}") })?;
         if let Some(log) = self.batches_log.as_mut() {
             log.write(&batch_record(self.step + 1, &admitted, &tb))?;
+        }
+        if let Some(log) = self.scored_log.as_mut() {
+            for row in scored_records(self.step + 1, &admitted) {
+                log.write(&row)?;
+            }
         }
         let stats: StepStats = answered("learner", ractor::call!(driver.learner, LearnerMsg::Train, tb))?;
         self.phases.train += training.elapsed().as_secs_f64();

@@ -7,7 +7,7 @@ use super::error::{io, RunError};
 use super::init::{build_task_tokenizer, create_tiny_model, InitError};
 use super::journal::write_status;
 use super::progress::Progress;
-use super::recipe::{EstimatorKind, JudgeName, Recipe};
+use super::recipe::{EstimatorKind, Recipe};
 use super::run_dir::{claim_run_dir, RunDirLock};
 use super::status::{RunStatus, SlurmJob};
 use super::topology::Role;
@@ -19,7 +19,7 @@ use crate::metrics::{serve, Metrics, MetricsServer};
 use crate::node::fleet::{Fleet, FleetSpec, Hosted, RoleSetup};
 use crate::node::link::{LearnerLoss, Say};
 use crate::node::wire::RolloutSetup;
-use crate::reward::{JudgeSpec, RewardActor, RewardSpec};
+use crate::reward::{RewardActor, RewardSpec};
 use crate::rollout::actor::RolloutArgs;
 use crate::rollout::RolloutConfig;
 use crate::weight_sync::WeightSync;
@@ -275,16 +275,7 @@ impl Roles {
             tool_format: recipe.model.tool_format,
             keep_kv: true,
         };
-        let reward = RewardSpec {
-            kind: recipe.reward,
-            judge: match recipe.judge {
-                JudgeName::Rule => JudgeSpec::Rule,
-                JudgeName::Model => JudgeSpec::Model { dir: recipe.judge_model.as_ref().map_or_else(|| tokenizer_dir.to_path_buf(), PathBuf::from) },
-            },
-            weights: recipe.reward_weights.clone(),
-            env_functions: super::recipe::rewards::env_sources(&recipe.tool_servers),
-            verifiers: recipe.reward_functions.clone(),
-        };
+        let reward = RewardSpec::of(recipe, tokenizer_dir);
         Roles { sft, rollout, reward }
     }
 

@@ -18,8 +18,9 @@
 //! infrastructure failures never enter group statistics.
 pub mod judge;
 
-use crate::controller::recipe::rewards::{reward_functions, rubric_weights, RewardFunctionSpec};
-use crate::controller::recipe::RewardKind;
+use crate::controller::recipe::rewards::{env_sources, reward_functions, rubric_weights, RewardFunctionSpec};
+use crate::controller::recipe::{JudgeName, Recipe, RewardKind};
+use std::path::{Path, PathBuf};
 use rlmesh_core::reward::functions::{combine_row, RewardFunction, Score};
 use rlmesh_core::reward::process::{final_only_reward_weighted, process_reward_weighted, RubricWeights};
 use rlmesh_verifiers::{Request, Verifier};
@@ -107,6 +108,21 @@ impl RewardSpec {
     /// The rubric alone, with its default weights.
     pub fn rubric(kind: RewardKind, judge: JudgeSpec) -> Self {
         RewardSpec { kind, judge, weights: BTreeMap::new(), env_functions: Vec::new(), verifiers: Vec::new() }
+    }
+
+    /// What `recipe` scores with (the live run's reward actors and `launcher
+    /// reward --recipe` alike); a model judge without `judge_model` is `model_dir`.
+    pub fn of(recipe: &Recipe, model_dir: &Path) -> Self {
+        RewardSpec {
+            kind: recipe.reward,
+            judge: match recipe.judge {
+                JudgeName::Rule => JudgeSpec::Rule,
+                JudgeName::Model => JudgeSpec::Model { dir: recipe.judge_model.as_ref().map_or_else(|| model_dir.to_path_buf(), PathBuf::from) },
+            },
+            weights: recipe.reward_weights.clone(),
+            env_functions: env_sources(&recipe.tool_servers),
+            verifiers: recipe.reward_functions.clone(),
+        }
     }
 }
 

@@ -275,10 +275,48 @@ pub struct RewardArgs {
     /// JSONL file, one scoring request per line (or - for stdin; lines of at most 4 MiB).
     #[arg(long)]
     input: PathBuf,
+    /// Score as this recipe's run does: its rubric under `[reward_weights]`, its
+    /// `[[reward_function]]` verifiers and its tool servers' grades, combined as
+    /// live. Lines are then `{"task", "trajectory"}`, as `--record-batches`
+    /// writes them to `RUN_DIR/scored.jsonl`.
+    #[arg(long)]
+    recipe: Option<PathBuf>,
+}
+
+/// `launcher reward --recipe`: one line `{"task", "trajectory"}` scored by the
+/// recipe's reward functions, `{"total", "functions", "components"}` out
+/// (`"total": null` with `"unscorable"` when a function could not score it).
+fn reward_with_recipe(input: &Path, file: &Path) -> CliResult {
+    use rlmesh_actors::controller::recipe::Recipe;
+    use rlmesh_actors::reward::{RewardSpec, Scorer};
+    let recipe = Recipe::load(file).map_err(|e| CliError::usage(anyhow::anyhow!(e)))?;
+    let spec = RewardSpec::of(&recipe, Path::new(&recipe.model.path));
+    let scorer = Scorer::new(&spec).map_err(|e| CliError::usage(anyhow::anyhow!("{}: the reward functions: {e}", file.display())))?;
+    let mut out = std::io::stdout().lock();
+    for_each_line(input, |number, line| {
+        let at = || format!("{}:{number}", input.display());
+        let v = parse_json(line).usage(at())?;
+        let field = |name: &str| v.get(name).cloned().ok_or_else(|| CliError::usage(anyhow::anyhow!("{}: field \"{name}\" is missing (lines are {{\"task\", \"trajectory\"}}, as RUN_DIR/scored.jsonl holds them)", at())));
+        let task: rlmesh_core::Task = serde_json::from_value(field("task")?).usage(format!("{}: field \"task\"", at()))?;
+        let trajectory: rlmesh_core::Trajectory = serde_json::from_value(field("trajectory")?).usage(format!("{}: field \"trajectory\"", at()))?;
+        let scored = scorer.score(rlmesh_core::Group { group_id: 0, task, trajectories: vec![trajectory] });
+        let s = &scored.scores[0];
+        let functions: serde_json::Map<String, Value> = s.functions.iter().map(|(n, v)| (n.clone(), json!(v))).collect();
+        let components: serde_json::Map<String, Value> = s.components.iter().map(|(n, v)| (n.clone(), json!(v))).collect();
+        let mut row = json!({"total": s.total.is_finite().then_some(s.total), "functions": functions, "components": components});
+        if let Some(why) = &scored.unscorable {
+            row["unscorable"] = json!(why);
+        }
+        writeln!(out, "{row}")?;
+        Ok(())
+    })
 }
 
 /// `launcher reward`.
 pub fn reward(a: RewardArgs) -> CliResult {
+    if let Some(recipe) = &a.recipe {
+        return reward_with_recipe(&a.input, recipe);
+    }
     let mut out = std::io::stdout().lock();
     for_each_line(&a.input, |number, line| {
         let v = rlmesh_core::offline::reward_json_line(line).usage(format!("{}:{number}", a.input.display()))?;
