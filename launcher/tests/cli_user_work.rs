@@ -170,4 +170,29 @@ fn the_example_trains_two_rl_steps() {
         verified += b["functions"]["verifier:catalogue"].is_number() as usize;
     }
     assert!(verified > 0, "the verifier's values were compared, not only the rubric's");
+
+    // The final checkpoint in transformers: its own tokenizer and chat template
+    // render the prompts rlmesh rendered in the run (the script exits 1 on a
+    // difference), and its log-probs of whole rollouts equal rlmesh's.
+    let checkpoint = run.join("checkpoints/latest");
+    let o = std::process::Command::new("python3")
+        .arg(repo().join("launcher/tests/user_work/transformers_check.py"))
+        .args([checkpoint.as_os_str(), scored.as_os_str(), repo().join("examples/tool-agent").as_os_str(), "4".as_ref()])
+        .output()
+        .unwrap();
+    assert!(o.status.success(), "{}", stderr(&o));
+    let oracle: Vec<serde_json::Value> = stdout(&o).lines().map(|l| serde_json::from_str(l).unwrap()).collect();
+    assert_eq!(oracle.len(), 4);
+    let ids: String = oracle.iter().map(|r| format!("{}\n", serde_json::json!({"token_ids": r["token_ids"]}))).collect();
+    let ids_file = tmp.path().join("ids.jsonl");
+    std::fs::write(&ids_file, ids).unwrap();
+    let o = launcher(&["score", "--model", checkpoint.to_str().unwrap(), "--input", ids_file.to_str().unwrap()]);
+    assert_eq!(code(&o), 0, "{}", stderr(&o));
+    let ours: Vec<serde_json::Value> = stdout(&o).lines().map(|l| serde_json::from_str(l).unwrap()).collect();
+    for (a, b) in oracle.iter().zip(&ours) {
+        let (a, b): (Vec<f64>, Vec<f64>) = (serde_json::from_value(a["logprobs"].clone()).unwrap(), serde_json::from_value(b["logprobs"].clone()).unwrap());
+        assert!(a.len() > 100 && a.len() == b.len());
+        let worst = a.iter().zip(&b).map(|(x, y)| (x - y).abs()).fold(0.0, f64::max);
+        assert!(worst < 1e-4, "transformers and rlmesh differ by {worst} on the final checkpoint");
+    }
 }
