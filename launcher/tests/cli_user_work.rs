@@ -196,3 +196,123 @@ fn the_example_trains_two_rl_steps() {
         assert!(worst < 1e-4, "transformers and rlmesh differ by {worst} on the final checkpoint");
     }
 }
+
+/// A stateful environment served over MCP: one server process per rollout,
+/// reset with the task's `env_state`, graded by its hidden reward tool. It logs
+/// every start (with its parent, the process that started it) and every grade.
+const COUNTER: &str = r#"
+import os, random, sys
+from mcp.server.mcpserver import MCPServer
+
+server = MCPServer("counter")
+state = {"start": None, "count": 0}
+os.makedirs("started", exist_ok=True)
+open(f"started/{os.getpid()}", "w").write(str(os.getppid()))
+
+@server.tool()
+def increment() -> str:
+    """Adds one to the counter and returns it."""
+    state["count"] += 1
+    return str(state["count"])
+
+@server.tool()
+def reset(start: int) -> str:
+    """Hidden: sets the counter."""
+    state.update(start=start, count=start)
+    return f"The counter is at {start}."
+
+@server.tool()
+def get_reward() -> str:
+    """Hidden: a grade that depends on this rollout's state and on the process (so a group's rollouts differ)."""
+    value = state["count"] / 10 + random.Random(os.getpid()).randint(1, 9) / 100
+    with open(f"grades-{os.getpid()}", "a") as f:
+        f.write(f"{state['start']} {value!r}\n")
+    return repr(value)
+
+server.run("stdio")
+"#;
+
+/// `session = "per_rollout"` under `local-procs`: every rollout process starts
+/// its own servers, each rollout's state is reset from its task's `env_state`,
+/// the reward tool's grade is the rollout's total (the rubric weighted 0), the
+/// learner is sent advantages ordered by it, and no server outlives the run.
+#[test]
+fn per_rollout_servers_run_in_every_rollout_process_and_their_grades_reach_the_learner() {
+    let tmp = tempfile::tempdir().unwrap();
+    let d = tmp.path();
+    std::fs::write(d.join("counter.py"), COUNTER).unwrap();
+    let mut f = std::fs::File::create(d.join("tasks.jsonl")).unwrap();
+    for i in 0..24 {
+        writeln!(f, "{}", serde_json::json!({"id": format!("count-{i}"), "prompt": "Add one to the counter.", "answer": (i % 5 + 1).to_string(), "env_state": {"start": i % 5}})).unwrap();
+    }
+    let recipe = format!(
+        "reward = \"process\"\n[tasks]\nfile = \"tasks.jsonl\"\nheld_out = 2\n[[tool_server]]\nname = \"counter\"\ncommand = [\"python3\", \"counter.py\"]\nsession = \"per_rollout\"\nreset_tool = \"reset\"\nreward_tool = \"get_reward\"\ntimeout_s = 20\n[reward_weights]\nprocess = 0\n{}",
+        RL.replace("steps = 3", "steps = 2")
+    );
+    std::fs::write(d.join("recipe.toml"), recipe).unwrap();
+    let topo = shipped_on_free_ports("local-procs", d);
+    let run = d.join("run");
+    let o = launcher(&["up", topo.to_str().unwrap(), "--recipe", d.join("recipe.toml").to_str().unwrap(), "--run-dir", run.to_str().unwrap(), "--metrics-addr", "127.0.0.1:0", "--eval-limit", "2", "--record-batches"]);
+    assert_eq!(code(&o), 0, "{}", stderr(&o));
+
+    // Every rollout process started its own servers (and logged them).
+    for i in 0..2 {
+        let log = std::fs::read_to_string(run.join(format!("logs/local_rollout-{i}.log"))).unwrap();
+        assert!(log.contains("tool server counter ready: 1 tools (increment)"), "rollout-{i}: {log}");
+    }
+    let mut servers = Vec::new();
+    let mut parents = std::collections::HashSet::new();
+    for e in std::fs::read_dir(d.join("started")).unwrap() {
+        let e = e.unwrap();
+        servers.push(e.file_name().to_str().unwrap().parse::<i32>().unwrap());
+        parents.insert(std::fs::read_to_string(e.path()).unwrap());
+    }
+    assert!(parents.len() >= 3, "the controller (its start-up check) and both rollout processes start servers: {parents:?}");
+    // Each trained rollout's total is the grade its own server gave, from the task's env_state.
+    let mut grades = std::collections::HashSet::new();
+    for e in std::fs::read_dir(d).unwrap() {
+        let p = e.unwrap().path();
+        if p.file_name().unwrap().to_str().unwrap().starts_with("grades-") {
+            grades.extend(std::fs::read_to_string(&p).unwrap().lines().map(str::to_string));
+        }
+    }
+    let scored = jsonl(&run.join("scored.jsonl"));
+    assert_eq!(scored.len(), 8, "2 steps × 2 groups × 2 rollouts");
+    let mut value = std::collections::HashMap::new();
+    for r in &scored {
+        let v = r["functions"]["env:counter"].as_f64().unwrap();
+        assert!((r["total"].as_f64().unwrap() - v).abs() < 1e-12, "{r}");
+        let start = r["task"]["env_state"]["start"].as_i64().unwrap();
+        // The tiny model calls no tool, so the count is the start the reset set.
+        // (within an ulp: serde_json's default parser may round the last digit)
+        let given = |g: &String| g.split_once(' ').is_some_and(|(s, x)| s == start.to_string() && (x.parse::<f64>().unwrap() - v).abs() < 1e-12);
+        assert!(grades.iter().any(given), "{start} {v:?} not among the servers' grades {grades:?}");
+        value.insert((r["group"].as_u64().unwrap(), r["sample"].as_u64().unwrap()), v);
+    }
+    // The learner was sent advantages in the grades' order within each group.
+    let mut compared = 0;
+    for step in jsonl(&run.join("batches.jsonl")) {
+        let seqs = step["sequences"].as_array().unwrap();
+        for a in seqs {
+            for b in seqs.iter().filter(|b| b["group"] == a["group"] && b["sample"] != a["sample"]) {
+                let key = |s: &serde_json::Value| (s["group"].as_u64().unwrap(), s["sample"].as_u64().unwrap());
+                let adv = |s: &serde_json::Value| {
+                    let mask = s["loss_mask"].as_array().unwrap();
+                    let i = mask.iter().position(|m| m.as_u64() == Some(1)).unwrap();
+                    s["advantages"][i].as_f64().unwrap()
+                };
+                let (va, vb) = (value[&key(a)], value[&key(b)]);
+                assert_eq!(va > vb, adv(a) > adv(b), "grades {va} {vb}, advantages {} {}", adv(a), adv(b));
+                compared += 1;
+            }
+        }
+    }
+    assert!(compared > 0);
+    // No server outlives the run.
+    std::thread::sleep(std::time::Duration::from_millis(500));
+    for pid in servers {
+        let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
+        let running = stat.rsplit_once(") ").is_some_and(|(_, rest)| !rest.starts_with('Z'));
+        assert!(!running, "tool server {pid} outlived the run: {stat}");
+    }
+}

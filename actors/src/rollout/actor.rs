@@ -128,11 +128,17 @@ impl Actor for RolloutActor {
         let servers = args.servers.clone();
         let format = args.config.tool_format;
         let name = format!("rollout-{}", myself.get_id());
+        let log_name = args.label.clone();
         let device = DeviceThread::spawn(&name, move || -> Result<RolloutDevice, String> {
             tch::set_num_threads(threads);
             let model = Transformer::load(&dir, on, Some(tch::Kind::Float)).map_err(|e| e.to_string())?;
             let tokenizer = Tokenizer::load(&dir).map_err(|e| e.to_string())?;
             let opened = super::tools::open_tools(&tools, &servers, limits, format)?;
+            for s in &opened.servers {
+                let names: Vec<&str> = s.tools().iter().map(|t| t.name.as_str()).collect();
+                let pid = s.pid().map(|p| format!(", pid {p}")).unwrap_or_default();
+                eprintln!("[tools] {log_name}: tool server {} ready: {} tools ({}){pid}", s.name(), names.len(), names.join(", "));
+            }
             Ok(RolloutDevice { model, tokenizer, registry: opened.registry, _servers: opened.servers, version: 0 })
         })
         .await??;
