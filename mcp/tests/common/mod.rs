@@ -128,9 +128,15 @@ pub fn proc_state(pid: u32) -> Option<char> {
     stat.rsplit_once(')')?.1.trim_start().chars().next()
 }
 
-/// Whether a process runs (exists and is not a zombie).
+/// Whether a process runs: it exists and is not a zombie, or its leader is a
+/// zombie while other threads still exit (a killed multi-threaded Python shows
+/// `Z` before its pipes close and before its parent can reap it).
 pub fn alive(pid: u32) -> bool {
-    proc_state(pid).is_some_and(|s| s != 'Z')
+    match proc_state(pid) {
+        None => false,
+        Some('Z') => std::fs::read_dir(format!("/proc/{pid}/task")).is_ok_and(|d| d.count() > 1),
+        Some(_) => true,
+    }
 }
 
 /// The live (not zombie) processes of process group `pgid`.
