@@ -217,7 +217,9 @@ def increment() -> str:
 
 @server.tool()
 def reset(start: int) -> str:
-    """Hidden: sets the counter."""
+    """Hidden: sets the counter (the server dies instead while a file `broken` exists)."""
+    if os.path.exists("broken"):
+        os._exit(3)
     state.update(start=start, count=start)
     return f"The counter is at {start}."
 
@@ -315,4 +317,65 @@ fn per_rollout_servers_run_in_every_rollout_process_and_their_grades_reach_the_l
         let running = stat.rsplit_once(") ").is_some_and(|(_, rest)| !rest.starts_with('Z'));
         assert!(!running, "tool server {pid} outlived the run: {stat}");
     }
+}
+
+/// A tool server past its restart budget stops the run at a checkpoint,
+/// naming the server; once it is mended, `--resume` finishes the run with no
+/// group trained twice.
+///
+/// Ignored in CI for now: it passes but takes 10 minutes on 2 cores, where 6
+/// steps of the tiny model should take one (not yet explained). Run it with
+/// `cargo test -p launcher --test cli_user_work -- --ignored`.
+#[test]
+#[ignore = "passes, but takes 10 min on 2 cores; run with --ignored"]
+fn a_server_past_its_restart_budget_stops_the_run_and_resume_trains_no_group_twice() {
+    let tmp = tempfile::tempdir().unwrap();
+    let d = tmp.path();
+    std::fs::write(d.join("counter.py"), COUNTER).unwrap();
+    let mut f = std::fs::File::create(d.join("tasks.jsonl")).unwrap();
+    for i in 0..200 {
+        writeln!(f, "{}", serde_json::json!({"id": format!("count-{i}"), "prompt": "Add one to the counter.", "answer": "1", "env_state": {"start": i % 5}})).unwrap();
+    }
+    let recipe = format!(
+        "reward = \"process\"\n[tasks]\nfile = \"tasks.jsonl\"\nheld_out = 2\n[[tool_server]]\nname = \"counter\"\ncommand = [\"python3\", \"counter.py\"]\nsession = \"per_rollout\"\nreset_tool = \"reset\"\nreward_tool = \"get_reward\"\ntimeout_s = 20\nmax_restarts = 2\n[reward_weights]\nprocess = 0\n{}",
+        RL.replace("steps = 3", "steps = 6")
+    );
+    let path = d.join("recipe.toml");
+    std::fs::write(&path, recipe).unwrap();
+    let run = d.join("run");
+    let args = ["up", "deploy/local.toml", "--recipe", path.to_str().unwrap(), "--run-dir", run.to_str().unwrap(), "--metrics-addr", "127.0.0.1:0", "--eval-limit", "2"];
+    let log = std::fs::File::create(d.join("up.log")).unwrap();
+    let mut child = std::process::Command::new(env!("CARGO_BIN_EXE_launcher"))
+        .current_dir(repo())
+        .args(args)
+        .stdout(log.try_clone().unwrap())
+        .stderr(log)
+        .spawn()
+        .unwrap();
+    // Break the server once the first RL step is recorded.
+    let trained = |run: &Path| jsonl_if_any(&run.join("metrics.jsonl")).iter().filter(|r| r.get("reward_mean").is_some()).count();
+    let t = std::time::Instant::now();
+    while trained(&run) == 0 {
+        assert!(t.elapsed().as_secs() < 600 && child.try_wait().unwrap().is_none(), "no RL step: {}", std::fs::read_to_string(d.join("up.log")).unwrap());
+        std::thread::sleep(std::time::Duration::from_millis(200));
+    }
+    std::fs::write(d.join("broken"), "").unwrap();
+    let status = child.wait().unwrap();
+    let log = std::fs::read_to_string(d.join("up.log")).unwrap();
+    assert!(!status.success(), "{log}");
+    assert!(log.contains("a tool server was given up") && log.contains("counter"), "{log}");
+    let before = trained(&run);
+    assert!(before < 6, "the run stopped early: {before} steps");
+    assert!(run.join("checkpoints/latest/model.safetensors").exists(), "it stopped at a checkpoint");
+
+    std::fs::remove_file(d.join("broken")).unwrap();
+    let o = launcher(&[&args[..], &["--resume"]].concat());
+    assert_eq!(code(&o), 0, "{}", stderr(&o));
+    let summary: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(run.join("summary.json")).unwrap()).unwrap();
+    assert_eq!(summary["steps"], 6);
+    assert_trained_once_replayed(&run);
+}
+
+fn jsonl_if_any(path: &Path) -> Vec<serde_json::Value> {
+    std::fs::read_to_string(path).unwrap_or_default().lines().filter_map(|l| serde_json::from_str(l).ok()).collect()
 }

@@ -164,9 +164,12 @@ impl Actor for RolloutActor {
                     .device
                     .run(move |d| -> Result<RolloutResult, String> {
                         let t = std::time::Instant::now();
-                        let (groups, timing) = rollout_groups_timed(&d.model, &d.tokenizer, &d.registry, &req.groups, &cfg, d.version, req.seed).map_err(|e| e.to_string())?;
-                        // A tool server past its restart budget: the run stops at a checkpoint.
+                        let done = rollout_groups_timed(&d.model, &d.tokenizer, &d.registry, &req.groups, &cfg, d.version, req.seed);
+                        // A tool server past its restart budget (whether or not the rollouts
+                        // failed on it, e.g. its reset could not open a session): the run
+                        // stops at a checkpoint rather than re-dispatching to it forever.
                         d.registry.health().map_err(|e| format!("{TOOLS_GIVEN_UP}: {e}"))?;
+                        let (groups, timing) = done.map_err(|e| e.to_string())?;
                         let generated_tokens = groups.iter().flat_map(|g| &g.trajectories).map(|t| t.policy_tokens()).sum();
                         let seconds = t.elapsed().as_secs_f64();
                         if let Some(m) = &metrics {
