@@ -137,7 +137,15 @@ pub fn training_tokens(tokenizer: &Tokenizer, conv: &[Message], tools: Option<&[
 /// Errors while building warm-up data.
 #[derive(Debug, thiserror::Error)]
 pub enum WarmupError {
-    /// The tools could not be opened for a task.
+    /// The task's tool session could not be opened (e.g. its reset failed).
+    #[error("task {task}: {source}")]
+    Session {
+        /// Task id.
+        task: String,
+        /// The cause.
+        source: rlmesh_core::tools::RegistryError,
+    },
+    /// The conversation could not be laid out for a task.
     #[error("task {task}: {message}")]
     Task {
         /// Task id.
@@ -184,7 +192,7 @@ pub fn expert_example(
 ) -> Result<ExpertExample, WarmupError> {
     let task_err = |m: String| WarmupError::Task { task: task.id.clone(), message: m };
     let text_err = |source| WarmupError::Text { task: task.id.clone(), source };
-    let mut session: ToolSession = registry.session(task).map_err(|e| task_err(e.to_string()))?;
+    let mut session: ToolSession = registry.session(task).map_err(|source| WarmupError::Session { task: task.id.clone(), source })?;
     let user = match session.observation() {
         Some(obs) => format!("{}\n\n{obs}", task.prompt),
         None => task.prompt.clone(),

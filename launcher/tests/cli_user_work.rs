@@ -128,6 +128,68 @@ fn failing_verifiers_drop_their_groups_as_unscorable_and_the_run_finishes() {
     }
 }
 
+const PICKY: &str = r#"
+from mcp.server.mcpserver import MCPServer
+from mcp.server.mcpserver.exceptions import ToolError
+
+server = MCPServer("picky")
+state = {"count": 0}
+
+@server.tool()
+def increment() -> str:
+    """Adds one to the counter and returns it."""
+    state["count"] += 1
+    return str(state["count"])
+
+@server.tool()
+def reset(start: int) -> str:
+    """Hidden: sets the counter; refuses a negative start."""
+    if start < 0:
+        raise ToolError(f"start must be at least 0, got {start}")
+    state["count"] = start
+    return f"The counter is at {start}."
+
+server.run("stdio")
+"#;
+
+/// A task whose reset always fails (its `env_state` is refused by the reset
+/// tool) fails every request it is in: its group is retried on its own, then
+/// dropped as unscorable and replaced, and the run finishes; the other
+/// groups of its first request train. (Before, the controller re-dispatched
+/// it for ever.)
+#[test]
+fn a_group_whose_reset_always_fails_is_dropped_and_the_run_finishes() {
+    let tmp = tempfile::tempdir().unwrap();
+    let d = tmp.path();
+    std::fs::write(d.join("picky.py"), PICKY).unwrap();
+    let mut f = std::fs::File::create(d.join("tasks.jsonl")).unwrap();
+    for i in 0..16 {
+        let (id, start) = if i % 5 == 1 { (format!("bad-{i}"), -1) } else { (format!("good-{i}"), i) };
+        writeln!(f, "{}", serde_json::json!({"id": id, "prompt": "Add one to the counter.", "answer": "1", "env_state": {"start": start}})).unwrap();
+    }
+    let recipe = format!("reward = \"process\"\n[tasks]\nfile = \"tasks.jsonl\"\nheld_out = 1\n[[tool_server]]\nname = \"picky\"\ncommand = [\"python3\", \"picky.py\"]\nreset_tool = \"reset\"\n{RL}");
+    let run = d.join("run");
+    let o = up(d, &recipe, &run);
+    assert_eq!(code(&o), 0, "{}", stderr(&o));
+    let summary: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(run.join("summary.json")).unwrap()).unwrap();
+    assert_eq!(summary["steps"], 3);
+    let log = stderr(&o);
+    let dropped_lines: Vec<&str> = log.lines().filter(|l| l.contains("dropped as unscorable")).collect();
+    assert!(!dropped_lines.is_empty(), "a bad task must have come up in 3 steps: {log}");
+    for l in &dropped_lines {
+        assert!(l.contains("(task bad-") && l.contains("failed in 3 requests") && l.contains("start must be at least 0, got -1"), "{l}");
+    }
+    assert_eq!(summary["counters"]["groups_dropped"]["unscorable"].as_u64(), Some(dropped_lines.len() as u64), "{}", summary["counters"]);
+    let (trained, _) = ledger_counts(&run);
+    assert!(trained.values().all(|&n| n == 1), "{trained:?}");
+    assert_eq!(trained.len(), 6, "3 steps of 2 groups: {trained:?}");
+    for e in jsonl(&run.join("ledger.jsonl")) {
+        if e["event"] == "dropped" {
+            assert!(!trained.contains_key(&e["group"].as_u64().unwrap()), "{e}");
+        }
+    }
+}
+
 /// `examples/tool-agent` as a user runs it, cut to 2 warm-up and 2 RL steps: SmolLM2 with the shop's
 /// MCP server, the JSONL tasks, the warm-up file and the verifier, to a finished run.
 #[test]
@@ -321,13 +383,9 @@ fn per_rollout_servers_run_in_every_rollout_process_and_their_grades_reach_the_l
 
 /// A tool server past its restart budget stops the run at a checkpoint,
 /// naming the server; once it is mended, `--resume` finishes the run with no
-/// group trained twice.
-///
-/// Ignored in CI for now: it passes but takes 10 minutes on 2 cores, where 6
-/// steps of the tiny model should take one (not yet explained). Run it with
-/// `cargo test -p launcher --test cli_user_work -- --ignored`.
+/// group trained twice. (It took 10 minutes while the tiny model's tokenizer
+/// rendered all 200 tasks, starting a server for each; now 2.)
 #[test]
-#[ignore = "passes, but takes 10 min on 2 cores; run with --ignored"]
 fn a_server_past_its_restart_budget_stops_the_run_and_resume_trains_no_group_twice() {
     let tmp = tempfile::tempdir().unwrap();
     let d = tmp.path();

@@ -421,6 +421,10 @@ impl ToolSource for McpServer {
     fn health(&self) -> Result<(), String> {
         McpServer::health(self).map_err(|e| e.to_string())
     }
+
+    fn starts_a_process_per_session(&self) -> bool {
+        self.inner.spec.session == SessionMode::PerRollout && self.inner.spec.url.is_none()
+    }
 }
 
 fn reset_arguments<'a>(server: &str, task: &'a Task) -> Option<&'a Value> {

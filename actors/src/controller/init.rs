@@ -192,21 +192,28 @@ pub fn save_task_tokenizer(tok: &tokenizers::Tokenizer, out: &Path) -> Result<()
 
 /// Build the task tokenizer for `tasks` into `out`: a byte-level bootstrap
 /// renders every applicable expert strategy on every task (tools really run),
-/// and the BPE of [`train_task_tokenizer`] is learned from those conversations.
+/// and the BPE of [`train_task_tokenizer`] is learned from those conversations
+/// (a task whose tool session cannot open is left out).
 pub fn build_task_tokenizer(out: &Path, tasks: &[rlmesh_core::Task], registry: &rlmesh_core::tools::ToolRegistry, vocab_size: usize, digits: u32) -> Result<(), InitError> {
-    use crate::warmup::{expert_example, Strategy};
+    use crate::warmup::{expert_example, Strategy, WarmupError};
     let bootstrap = train_task_tokenizer(std::iter::empty::<&str>(), 0, digits)?;
     save_task_tokenizer(&bootstrap, out)?;
     let bytes = rlmesh_model::Tokenizer::load(out)?;
     let mut texts = Vec::with_capacity(tasks.len() * 2);
-    for task in tasks {
+    'tasks: for task in tasks {
         let strategies: &[Strategy] = if task.requires_tool {
             &[Strategy::Correct, Strategy::AnswerWithoutTool, Strategy::WrongArguments, Strategy::RepeatedCall]
         } else {
             &[Strategy::Correct, Strategy::ToolOnNoToolTask]
         };
         for &s in strategies {
-            let ex = expert_example(&bytes, registry, task, s, None).map_err(|e| InitError::Tokenizer(e.to_string()))?;
+            let ex = match expert_example(&bytes, registry, task, s, None) {
+                Ok(ex) => ex,
+                // A task whose tools cannot open (its reset fails) is left out;
+                // the run drops its groups, saying why.
+                Err(WarmupError::Session { .. }) => continue 'tasks,
+                Err(e) => return Err(InitError::Tokenizer(e.to_string())),
+            };
             texts.push(bytes.decode(&ex.token_ids, false)?);
         }
     }

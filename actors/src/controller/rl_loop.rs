@@ -32,6 +32,18 @@ use tokio::task::JoinSet;
 /// drop and replace groups for ever.
 pub const UNSCORABLE_STEPS: usize = 3;
 
+/// Failed rollout requests a group may be in before it is dropped as
+/// unscorable (e.g. its task's `env_state` makes the reset tool fail): a
+/// request lost to a dead rollout process is retried, a group that can never
+/// be rolled out is not retried for ever.
+pub const GROUP_REQUEST_FAILURES: usize = 3;
+
+/// The wait before re-dispatching after the `n`-th failed request in a row:
+/// 0.25 s, doubling, at most 8 s.
+fn lost_back_off(n: u32) -> std::time::Duration {
+    std::time::Duration::from_millis(250u64 << n.saturating_sub(1).min(5))
+}
+
 /// What the RL phase reads from the run around it.
 pub(super) struct RlContext<'a> {
     pub(super) recipe: &'a Recipe,
@@ -91,6 +103,10 @@ pub(super) struct RlLoop<'a> {
     /// Unscorable groups in a row, and the last one's reason: past
     /// [`UNSCORABLE_STEPS`] steps' worth, scoring is broken and the run stops.
     unscorable_run: (usize, String),
+    /// Failed requests per group still to train, with the last error.
+    failures: std::collections::BTreeMap<u64, (usize, String)>,
+    /// Failed requests since the last answered one (for the back-off).
+    lost_in_a_row: u32,
     /// The rollout actors whose answers came in since the last step's record.
     answered_by: BTreeSet<String>,
 }
@@ -131,6 +147,8 @@ impl<'a> RlLoop<'a> {
             rl_first: start.step,
             uniform_dropped: 0,
             unscorable_run: (0, String::new()),
+            failures: Default::default(),
+            lost_in_a_row: 0,
             answered_by: BTreeSet::new(),
             cx,
         })
@@ -183,21 +201,22 @@ impl<'a> RlLoop<'a> {
             }
             match result {
                 Ok(res) => {
-                    self.receive(driver, res).await?;
-                    if self.unscorable_run.0 >= UNSCORABLE_STEPS * self.cx.recipe.rl.groups_per_step.max(1) {
-                        let why = format!("{} groups in a row were unscorable (the last: {})", self.unscorable_run.0, self.unscorable_run.1);
-                        return self.stop_because(driver, status, &why).await;
+                    self.lost_in_a_row = 0;
+                    for (id, _) in &groups {
+                        self.failures.remove(id);
                     }
+                    self.receive(driver, res).await?;
                 }
                 Err(e) if e.contains(TOOLS_GIVEN_UP) => {
                     // The servers' failures are counted; past the budget the run stops where it can resume.
                     self.retry.extend(groups);
                     return self.stop_because(driver, status, &e).await;
                 }
-                Err(e) => {
-                    self.cx.progress.line(format!("rollout request lost ({e}); re-dispatching {} groups", groups.len()));
-                    self.retry.extend(groups);
-                }
+                Err(e) => self.lost(groups, e).await?,
+            }
+            if self.unscorable_run.0 >= UNSCORABLE_STEPS * self.cx.recipe.rl.groups_per_step.max(1) {
+                let why = format!("{} groups in a row were unscorable (the last: {})", self.unscorable_run.0, self.unscorable_run.1);
+                return self.stop_because(driver, status, &why).await;
             }
         }
         self.cx.progress.finish_bar();
@@ -228,7 +247,8 @@ impl<'a> RlLoop<'a> {
         let dispatch = Dispatch::new(gps, recipe.rl.group_size, recipe.mode().max_staleness(), driver.rollout_slots());
         let wanted = dispatch.wanted(gps, self.cx.steps - self.step);
         while self.inflight_ids.len() + self.ready.len() < wanted {
-            let n = (wanted - self.inflight_ids.len() - self.ready.len()).min(dispatch.chunk);
+            let retried = self.retry.front().is_some_and(|(id, _)| self.failures.contains_key(id));
+            let n = if retried { 1 } else { (wanted - self.inflight_ids.len() - self.ready.len()).min(dispatch.chunk) };
             let groups = next_groups(n, &mut self.retry, &mut self.ledger, self.cx.train, &mut self.cursor, self.version, metrics)?;
             self.dispatched_requests += 1;
             self.inflight_ids.extend(groups.iter().map(|(id, _)| *id));
@@ -243,6 +263,32 @@ impl<'a> RlLoop<'a> {
                 drop(busy);
                 (groups, out)
             });
+        }
+        Ok(())
+    }
+
+    /// A failed request's groups: after a back-off, each goes out again on
+    /// its own (so one bad group does not fail the others again), until it
+    /// has failed [`GROUP_REQUEST_FAILURES`] times: then it is dropped as
+    /// unscorable and replaced, as a group a verifier could not score is.
+    async fn lost(&mut self, groups: Vec<(u64, Task)>, e: String) -> Result<(), RunError> {
+        self.lost_in_a_row += 1;
+        let wait = lost_back_off(self.lost_in_a_row);
+        self.cx.progress.line(format!("rollout request lost ({e}); re-dispatching {} group(s) in {:.2} s", groups.len(), wait.as_secs_f64()));
+        tokio::time::sleep(wait).await;
+        for (id, task) in groups {
+            let failed = self.failures.entry(id).or_insert((0, String::new()));
+            *failed = (failed.0 + 1, e.clone());
+            if failed.0 < GROUP_REQUEST_FAILURES {
+                self.retry.push_back((id, task));
+                continue;
+            }
+            let why = format!("its rollouts failed in {GROUP_REQUEST_FAILURES} requests (the last: {e})");
+            self.failures.remove(&id);
+            self.cx.progress.line(format!("group {id} (task {}) dropped as unscorable: {why}", task.id));
+            self.ledger.dropped(id, "unscorable")?;
+            self.cx.metrics.groups_dropped_total.with_label_values(&["unscorable"]).inc();
+            self.unscorable_run = (self.unscorable_run.0 + 1, why);
         }
         Ok(())
     }

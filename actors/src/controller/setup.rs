@@ -421,6 +421,10 @@ fn learner_ranks(opts: &RunOptions) -> usize {
     opts.fleet.as_ref().map_or(1, |f| f.plan.processes_with(Role::Learner).count().max(1))
 }
 
+/// Train tasks whose renderings teach the tiny model's tokenizer when every
+/// tool session starts a server process.
+const TOKENIZER_TASKS_WITH_SERVER_PROCESSES: usize = 24;
+
 /// The policy's initial model directory: a created tiny model (with its task
 /// tokenizer, learned here) in `RUN_DIR/initial-model`, the one a resumed run
 /// created, or the recipe's transformers directory.
@@ -438,7 +442,14 @@ fn policy_dir(recipe: &Recipe, dir: &Path, resume: bool, tokenizer_dir: &Path, t
     }
     let setup = |e: InitError| RunError::Setup(e.to_string());
     let tokenizer_dir = if recipe.model.tokenizer == "task" {
-        let corpus: Vec<Task> = train.iter().chain(sft_tasks.iter().take(1024)).cloned().collect();
+        // Each task's expert renderings open its tool sessions; with a tool
+        // server per session that is a process start per rendering (about 400
+        // for 200 tasks: 10 minutes on 2 cores), so such runs learn the
+        // tokenizer from a sample of the tasks.
+        let mut corpus: Vec<Task> = train.iter().chain(sft_tasks.iter().take(1024)).cloned().collect();
+        if registry.sessions_start_processes() {
+            corpus.truncate(TOKENIZER_TASKS_WITH_SERVER_PROCESSES);
+        }
         build_task_tokenizer(&d, &corpus, registry, recipe.model.vocab_size, recipe.model.number_chunk).map_err(setup)?;
         d.clone()
     } else {

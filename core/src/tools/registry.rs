@@ -235,6 +235,12 @@ impl ToolRegistry {
         Ok(self.sources.iter().filter(|e| e.always || task.environment.as_deref() == Some(e.source.name())).collect())
     }
 
+    /// Whether opening a session on some task starts a process (see
+    /// [`ToolSource::starts_a_process_per_session`]).
+    pub fn sessions_start_processes(&self) -> bool {
+        self.sources.iter().any(|e| e.source.starts_a_process_per_session())
+    }
+
     /// The specs a session on `task` offers: the stateless tools, then the
     /// tools of the sources it opens.
     pub fn specs_for(&self, task: &Task) -> Result<Vec<ToolSpec>, RegistryError> {

@@ -45,4 +45,10 @@ pub trait ToolSource: Send + Sync {
     fn health(&self) -> Result<(), String> {
         Ok(())
     }
+    /// Whether every [`open`](Self::open) starts a process (a per-rollout
+    /// tool server): then a session costs about a second, and bulk work that
+    /// opens one per task (the tiny model's tokenizer corpus) samples tasks.
+    fn starts_a_process_per_session(&self) -> bool {
+        false
+    }
 }
