@@ -128,30 +128,6 @@ fn failing_verifiers_drop_their_groups_as_unscorable_and_the_run_finishes() {
     }
 }
 
-const PICKY: &str = r#"
-from mcp.server.mcpserver import MCPServer
-from mcp.server.mcpserver.exceptions import ToolError
-
-server = MCPServer("picky")
-state = {"count": 0}
-
-@server.tool()
-def increment() -> str:
-    """Adds one to the counter and returns it."""
-    state["count"] += 1
-    return str(state["count"])
-
-@server.tool()
-def reset(start: int) -> str:
-    """Hidden: sets the counter; refuses a negative start."""
-    if start < 0:
-        raise ToolError(f"start must be at least 0, got {start}")
-    state["count"] = start
-    return f"The counter is at {start}."
-
-server.run("stdio")
-"#;
-
 /// A task whose reset always fails (its `env_state` is refused by the reset
 /// tool) fails every request it is in: its group is retried on its own, then
 /// dropped as unscorable and replaced, and the run finishes; the other
@@ -161,13 +137,13 @@ server.run("stdio")
 fn a_group_whose_reset_always_fails_is_dropped_and_the_run_finishes() {
     let tmp = tempfile::tempdir().unwrap();
     let d = tmp.path();
-    std::fs::write(d.join("picky.py"), PICKY).unwrap();
+    std::fs::write(d.join("counter.py"), COUNTER).unwrap();
     let mut f = std::fs::File::create(d.join("tasks.jsonl")).unwrap();
     for i in 0..16 {
         let (id, start) = if i % 5 == 1 { (format!("bad-{i}"), -1) } else { (format!("good-{i}"), i) };
         writeln!(f, "{}", serde_json::json!({"id": id, "prompt": "Add one to the counter.", "answer": "1", "env_state": {"start": start}})).unwrap();
     }
-    let recipe = format!("reward = \"process\"\n[tasks]\nfile = \"tasks.jsonl\"\nheld_out = 1\n[[tool_server]]\nname = \"picky\"\ncommand = [\"python3\", \"picky.py\"]\nreset_tool = \"reset\"\n{RL}");
+    let recipe = format!("reward = \"process\"\n[tasks]\nfile = \"tasks.jsonl\"\nheld_out = 1\n[[tool_server]]\nname = \"counter\"\ncommand = [\"python3\", \"counter.py\"]\nreset_tool = \"reset\"\n{RL}");
     let run = d.join("run");
     let o = up(d, &recipe, &run);
     assert_eq!(code(&o), 0, "{}", stderr(&o));
@@ -265,6 +241,7 @@ fn the_example_trains_two_rl_steps() {
 const COUNTER: &str = r#"
 import os, random, sys
 from mcp.server.mcpserver import MCPServer
+from mcp.server.mcpserver.exceptions import ToolError
 
 server = MCPServer("counter")
 state = {"start": None, "count": 0}
@@ -279,9 +256,11 @@ def increment() -> str:
 
 @server.tool()
 def reset(start: int) -> str:
-    """Hidden: sets the counter (the server dies instead while a file `broken` exists)."""
+    """Hidden: sets the counter (the server dies instead while a file `broken` exists); refuses a negative start."""
     if os.path.exists("broken"):
         os._exit(3)
+    if start < 0:
+        raise ToolError(f"start must be at least 0, got {start}")
     state.update(start=start, count=start)
     return f"The counter is at {start}."
 
