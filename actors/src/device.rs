@@ -24,9 +24,13 @@ pub fn torch_device(cuda: Option<usize>) -> Result<tch::Device, String> {
 
 type Job<S> = Box<dyn FnOnce(&mut S) + Send>;
 
+/// The job queue of a device thread, shared with its [`DeviceJobs`] handles
+/// (emptied when the thread's owner drops it, so no handle keeps it alive).
+type Queue<S> = std::sync::Arc<std::sync::Mutex<Option<mpsc::Sender<Job<S>>>>>;
+
 /// A thread that owns a state `S` (tensors) and runs jobs on it.
 pub struct DeviceThread<S> {
-    jobs: Option<mpsc::Sender<Job<S>>>,
+    jobs: Queue<S>,
     thread: Option<JoinHandle<()>>,
     name: String,
 }
@@ -60,7 +64,7 @@ impl<S: 'static> DeviceThread<S> {
             })
             .map_err(|_| DeviceGone(name.to_string()))?;
         match ready_rx.await {
-            Ok(Ok(())) => Ok(Ok(DeviceThread { jobs: Some(tx), thread: Some(thread), name: name.to_string() })),
+            Ok(Ok(())) => Ok(Ok(DeviceThread { jobs: std::sync::Arc::new(std::sync::Mutex::new(Some(tx))), thread: Some(thread), name: name.to_string() })),
             Ok(Err(e)) => Ok(Err(e)),
             Err(_) => Err(DeviceGone(name.to_string())),
         }
@@ -72,15 +76,50 @@ impl<S: 'static> DeviceThread<S> {
         let job: Job<S> = Box::new(move |s| {
             let _ = tx.send(f(s));
         });
-        self.jobs.as_ref().ok_or_else(|| DeviceGone(self.name.clone()))?.send(job).map_err(|_| DeviceGone(self.name.clone()))?;
+        send(&self.jobs, job, &self.name)?;
         rx.await.map_err(|_| DeviceGone(self.name.clone()))
+    }
+
+    /// A handle that runs jobs from any thread, blocking (an engine thread
+    /// that is not tokio's); it stops working when this owner is dropped.
+    pub fn jobs(&self) -> DeviceJobs<S> {
+        DeviceJobs { jobs: self.jobs.clone(), name: self.name.clone() }
+    }
+}
+
+fn send<S>(jobs: &Queue<S>, job: Job<S>, name: &str) -> Result<(), DeviceGone> {
+    let queue = jobs.lock().unwrap_or_else(|p| p.into_inner());
+    queue.as_ref().ok_or_else(|| DeviceGone(name.to_string()))?.send(job).map_err(|_| DeviceGone(name.to_string()))
+}
+
+/// Runs jobs on a [`DeviceThread`] from threads that may block.
+pub struct DeviceJobs<S> {
+    jobs: Queue<S>,
+    name: String,
+}
+
+impl<S> Clone for DeviceJobs<S> {
+    fn clone(&self) -> Self {
+        DeviceJobs { jobs: self.jobs.clone(), name: self.name.clone() }
+    }
+}
+
+impl<S: 'static> DeviceJobs<S> {
+    /// Runs `f` on the device thread and waits for its result (never call it on a tokio worker).
+    pub fn run_blocking<R: Send + 'static>(&self, f: impl FnOnce(&mut S) -> R + Send + 'static) -> Result<R, DeviceGone> {
+        let (tx, rx) = mpsc::channel();
+        let job: Job<S> = Box::new(move |s| {
+            let _ = tx.send(f(s));
+        });
+        send(&self.jobs, job, &self.name)?;
+        rx.recv().map_err(|_| DeviceGone(self.name.clone()))
     }
 }
 
 impl<S> Drop for DeviceThread<S> {
     fn drop(&mut self) {
         // Closing the channel ends the thread after its current job.
-        self.jobs.take();
+        self.jobs.lock().unwrap_or_else(|p| p.into_inner()).take();
         if let Some(t) = self.thread.take() {
             if t.thread().id() != std::thread::current().id() {
                 let _ = t.join();

@@ -228,7 +228,7 @@ metrics! {
     groups_trained_total: IntCounter => "rlmesh_groups_trained_total",
         "Prompt groups the learner trained on.";
     groups_dropped_total: IntCounterVec["reason"] => "rlmesh_groups_dropped_total",
-        "Prompt groups dropped without training (reason: stale, run_ended, uniform = every rollout scored alike, dropped by dynamic sampling, unscorable = a reward function could not score a rollout: a verifier failed, timed out or answered garbage, or a tool server lost the rollout's state, or its rollouts failed in 3 requests, e.g. a reset tool that fails on its env_state).";
+        "Prompt groups dropped without training (reason: stale, run_ended, uniform = every rollout scored alike, dropped by dynamic sampling, unscorable = a reward function could not score a rollout: a verifier failed, timed out or answered garbage, or a tool server lost the rollout's state, or its rollouts failed in 3 requests, e.g. a reset tool that fails on its env_state; failed_agent = an agent program exited non-zero, timed out or made no call).";
     peer_rejected_total: IntCounterVec["plane", "reason"] => "rlmesh_peer_rejected_total",
         "Input from peers this process refused, and went on serving (plane: control or data; reason: malformed, version, kind, too_large, unauthenticated, payload, handshake = a session that never authenticated, unexpected = a message of the wrong type, unknown_peer, duplicate = a second process claiming a taken name or rank, superseded = a replaced process speaking up); each is named in the log with the peer's address.";
     peers_lost_total: IntCounterVec["peer"] => "rlmesh_peers_lost_total",
@@ -250,7 +250,7 @@ pub const LEARNER_TOKEN_KINDS: [&str; 2] = ["trained", "computed"];
 pub const PREFILL_KINDS: [&str; 2] = ["new", "recomputed"];
 
 /// Reasons a group is dropped untrained (`rlmesh_groups_dropped_total{reason}`).
-pub const DROP_REASONS: [&str; 4] = ["stale", "run_ended", "uniform", "unscorable"];
+pub const DROP_REASONS: [&str; 5] = ["stale", "run_ended", "uniform", "unscorable", "failed_agent"];
 
 /// The phases of an RL step (`rlmesh_step_phase_seconds{phase}`).
 pub const STEP_PHASES: [&str; 7] = ["generate", "tools", "reward", "queue_wait", "train", "all_reduce", "sync"];

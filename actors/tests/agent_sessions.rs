@@ -61,7 +61,9 @@ const TWO_CALLS: &str = r#"
 msgs = [{"role": "user", "content": task["prompt"]}]
 got = []
 for turn in range(2):
-    r = c.chat.completions.create(model="gpt-4o", messages=msgs, max_tokens=12, temperature=1.0, extra_body={"return_token_ids": True})
+    # Seeded: a reply cut at max_tokens can re-render into other tokens (then the
+    # session is honestly segments), which an unseeded sample hit now and then.
+    r = c.chat.completions.create(model="gpt-4o", messages=msgs, max_tokens=12, temperature=1.0, seed=7 + turn, extra_body={"return_token_ids": True})
     got.append({"prompt": r.prompt_token_ids, "ids": r.choices[0].token_ids})
     msgs.append(r.choices[0].message.model_dump(exclude_none=True))
     msgs.append({"role": "user", "content": "Are you sure?"})

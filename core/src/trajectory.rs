@@ -123,4 +123,9 @@ pub struct Group {
     pub task: Task,
     /// The rollouts.
     pub trajectories: Vec<Trajectory>,
+    /// Why some rollouts could not be produced (an agent program failed),
+    /// `None` when all were: such a group is dropped (`failed_agent`) and
+    /// replaced, never scored; `trajectories` then holds the ones that were.
+    #[serde(default)]
+    pub failed: Option<String>,
 }

@@ -9,20 +9,6 @@ use common::*;
 use std::io::Write;
 use std::path::Path;
 
-/// Calculator tasks in the task-file format (`answer`, `tools`), no gold calls.
-fn tasks_file(path: &Path, n: usize) {
-    let mut f = std::fs::File::create(path).unwrap();
-    for i in 0..n {
-        let (a, b) = (3 + i * 7 % 50, 11 + i * 13 % 40);
-        writeln!(f, "{}", serde_json::json!({"id": format!("sum-{i}"), "prompt": format!("What is {a} plus {b}?"), "answer": (a + b).to_string(), "tools": ["calculator"]})).unwrap();
-    }
-}
-
-fn up(dir: &Path, recipe: &str, run: &Path) -> std::process::Output {
-    let path = dir.join("recipe.toml");
-    std::fs::write(&path, recipe).unwrap();
-    launcher(&["up", "deploy/local.toml", "--recipe", path.to_str().unwrap(), "--run-dir", run.to_str().unwrap(), "--metrics-addr", "127.0.0.1:0", "--eval-limit", "2"])
-}
 
 const RL: &str = "[rl]\nsteps = 3\ngroup_size = 2\ngroups_per_step = 2\nmax_turns = 2\nmax_new_tokens = 8\n";
 
@@ -44,7 +30,7 @@ fn bad_files_are_refused_naming_file_line_and_field_with_nothing_created() {
     for (name, bytes, want) in cases {
         std::fs::write(d.join(name), bytes).unwrap();
         let run = d.join(format!("run-{name}"));
-        let o = up(d, &format!("reward = \"process\"\n[tasks]\nfile = \"{name}\"\nheld_out = 1\n{RL}"), &run);
+        let o = up_recipe(d, &format!("reward = \"process\"\n[tasks]\nfile = \"{name}\"\nheld_out = 1\n{RL}"), &run);
         assert_eq!(code(&o), 2, "{name}: {}", stderr(&o));
         assert!(stderr(&o).contains(want), "{name}: wanted {want:?} in\n{}", stderr(&o));
         assert!(!run.exists(), "{name}: a refused run creates nothing");
@@ -53,14 +39,14 @@ fn bad_files_are_refused_naming_file_line_and_field_with_nothing_created() {
     tasks_file(&d.join("tasks.jsonl"), 8);
     std::fs::write(d.join("sft.jsonl"), "{\"messages\": [{\"role\": \"user\", \"content\": \"hi\"}, {\"role\": \"assistent\", \"content\": \"x\"}]}\n").unwrap();
     let run = d.join("run-sft");
-    let o = up(d, &format!("reward = \"process\"\n[tasks]\nfile = \"tasks.jsonl\"\nheld_out = 2\n[sft]\nfile = \"sft.jsonl\"\nsteps = 2\n{RL}"), &run);
+    let o = up_recipe(d, &format!("reward = \"process\"\n[tasks]\nfile = \"tasks.jsonl\"\nheld_out = 2\n[sft]\nfile = \"sft.jsonl\"\nsteps = 2\n{RL}"), &run);
     assert_eq!(code(&o), 2, "{}", stderr(&o));
     assert!(stderr(&o).contains("sft.jsonl:1") && stderr(&o).contains("role"), "{}", stderr(&o));
     assert!(!run.exists());
     // A task that needs a tool nothing offers.
     std::fs::write(d.join("odd.jsonl"), "{\"prompt\": \"p\", \"tools\": [\"weather\"]}\n{\"prompt\": \"q\"}\n").unwrap();
     let run = d.join("run-odd");
-    let o = up(d, &format!("reward = \"process\"\n[tasks]\nfile = \"odd.jsonl\"\nheld_out = 1\n{RL}"), &run);
+    let o = up_recipe(d, &format!("reward = \"process\"\n[tasks]\nfile = \"odd.jsonl\"\nheld_out = 1\n{RL}"), &run);
     assert_eq!(code(&o), 2, "{}", stderr(&o));
     assert!(stderr(&o).contains("weather"), "{}", stderr(&o));
     assert!(!run.exists());
@@ -68,7 +54,7 @@ fn bad_files_are_refused_naming_file_line_and_field_with_nothing_created() {
     tasks_file(&d.join("tasks.jsonl"), 8);
     std::fs::write(d.join("broken.py"), "import sys\nsys.stderr.write('no module named shop_data\\n')\nsys.exit(1)\n").unwrap();
     let run = d.join("run-server");
-    let o = up(d, &format!("reward = \"process\"\n[tasks]\nfile = \"tasks.jsonl\"\nheld_out = 2\n[[tool_server]]\nname = \"shop\"\ncommand = [\"python3\", \"broken.py\"]\n{RL}"), &run);
+    let o = up_recipe(d, &format!("reward = \"process\"\n[tasks]\nfile = \"tasks.jsonl\"\nheld_out = 2\n[[tool_server]]\nname = \"shop\"\ncommand = [\"python3\", \"broken.py\"]\n{RL}"), &run);
     assert_eq!(code(&o), 2, "{}", stderr(&o));
     assert!(stderr(&o).contains("shop") && stderr(&o).contains("no module named shop_data"), "{}", stderr(&o));
     assert!(!run.exists());
@@ -103,7 +89,7 @@ fn failing_verifiers_drop_their_groups_as_unscorable_and_the_run_finishes() {
     let v = |how: &str, every: u32| format!("[[reward_function]]\nname = \"{how}\"\ncommand = [\"python3\", \"flaky.py\", \"{how}\", \"{every}\"]\nweight = 0.5\ntimeout_s = 2\n");
     let recipe = format!("reward = \"process\"\n[tasks]\nfile = \"tasks.jsonl\"\nheld_out = 4\n{}{}{}{RL}", v("crash", 9), v("sleep", 11), v("garbage", 7));
     let run = d.join("run");
-    let o = up(d, &recipe, &run);
+    let o = up_recipe(d, &recipe, &run);
     assert_eq!(code(&o), 0, "{}", stderr(&o));
     let summary: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(run.join("summary.json")).unwrap()).unwrap();
     assert_eq!(summary["steps"], 3);
@@ -145,7 +131,7 @@ fn a_group_whose_reset_always_fails_is_dropped_and_the_run_finishes() {
     }
     let recipe = format!("reward = \"process\"\n[tasks]\nfile = \"tasks.jsonl\"\nheld_out = 1\n[[tool_server]]\nname = \"counter\"\ncommand = [\"python3\", \"counter.py\"]\nreset_tool = \"reset\"\n{RL}");
     let run = d.join("run");
-    let o = up(d, &recipe, &run);
+    let o = up_recipe(d, &recipe, &run);
     assert_eq!(code(&o), 0, "{}", stderr(&o));
     let summary: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(run.join("summary.json")).unwrap()).unwrap();
     assert_eq!(summary["steps"], 3);

@@ -16,10 +16,17 @@ use std::sync::Mutex;
 use std::time::Duration;
 use tokio::io::AsyncWriteExt;
 
+/// A live session: its calls so far, and the temperature it samples at (if fixed).
+#[derive(Default)]
+struct Live {
+    calls: Vec<CallRecord>,
+    temperature: Option<f64>,
+}
+
 /// The live sessions of an endpoint, by key.
 #[derive(Default)]
 pub struct SessionTable {
-    live: Mutex<HashMap<String, Vec<CallRecord>>>,
+    live: Mutex<HashMap<String, Live>>,
     opened: AtomicU64,
     secret: u64,
 }
@@ -33,15 +40,21 @@ impl SessionTable {
 
     /// Opens a session; returns its key.
     pub fn open(&self, label: &str) -> String {
+        self.open_at(label, None)
+    }
+
+    /// Opens a session whose every call samples at `temperature` (when
+    /// given), whatever the request asks; returns its key.
+    pub fn open_at(&self, label: &str, temperature: Option<f64>) -> String {
         let n = self.opened.fetch_add(1, Ordering::Relaxed);
         let key = format!("rlmesh-{label}-{n}-{:016x}", mix(self.secret ^ n.wrapping_mul(0x9E37_79B9_7F4A_7C15)));
-        self.live.lock().unwrap_or_else(|p| p.into_inner()).insert(key.clone(), vec![]);
+        self.live.lock().unwrap_or_else(|p| p.into_inner()).insert(key.clone(), Live { calls: vec![], temperature });
         key
     }
 
     /// Closes a session: its calls, in order; its key is refused from now on.
     pub fn close(&self, key: &str) -> Vec<CallRecord> {
-        self.live.lock().unwrap_or_else(|p| p.into_inner()).remove(key).unwrap_or_default()
+        self.live.lock().unwrap_or_else(|p| p.into_inner()).remove(key).map(|l| l.calls).unwrap_or_default()
     }
 }
 
@@ -55,11 +68,17 @@ impl Sessions for SessionTable {
 
     fn record(&self, key: &str, call: CallRecord) -> Result<(), String> {
         match self.live.lock().unwrap_or_else(|p| p.into_inner()).get_mut(key) {
-            Some(calls) => {
-                calls.push(call);
+            Some(live) => {
+                live.calls.push(call);
                 Ok(())
             }
             None => Err("the rollout session of this key finished while the call ran".into()),
+        }
+    }
+
+    fn adjust(&self, key: &str, params: &mut rlmesh_model::SamplingParams) {
+        if let Some(t) = self.live.lock().unwrap_or_else(|p| p.into_inner()).get(key).and_then(|l| l.temperature) {
+            params.temperature = t;
         }
     }
 }
@@ -92,8 +111,16 @@ pub enum AgentExit {
 /// `row` (the task's JSON) on stdin. Its process group is killed at `timeout`
 /// and if this future is dropped before the program ends.
 pub async fn run_agent(command: &[String], base_url: &str, key: &str, row: &str, timeout: Duration) -> AgentExit {
+    run_agent_in(command, None, base_url, key, row, timeout).await
+}
+
+/// [`run_agent`] in the directory `cwd` (this process's when `None`).
+pub async fn run_agent_in(command: &[String], cwd: Option<&std::path::Path>, base_url: &str, key: &str, row: &str, timeout: Duration) -> AgentExit {
     let Some((program, args)) = command.split_first() else { return AgentExit::NotStarted("the agent command is empty".into()) };
     let mut cmd = tokio::process::Command::new(program);
+    if let Some(dir) = cwd {
+        cmd.current_dir(dir);
+    }
     cmd.args(args)
         .env("OPENAI_BASE_URL", base_url)
         .env("OPENAI_API_KEY", key)

@@ -75,7 +75,8 @@ pub(crate) async fn chat(s: &Shared, body: &[u8], key: &str) -> Result<Response,
         .render(&messages, tools.as_deref(), true)
         .map_err(|e| ApiError::bad_request(format!("the chat template cannot render these messages: {e}"), Some("messages")))?;
     let prompt_ids = s.tokenizer.encode(&text).map_err(|e| ApiError::internal(e.to_string()))?;
-    let (params, n, seeded) = sampling_params(&req.sampling, prompt_ids.len(), context, s.tokenizer.stop_token_ids())?;
+    let (mut params, n, seeded) = sampling_params(&req.sampling, prompt_ids.len(), context, s.tokenizer.stop_token_ids())?;
+    s.adjust(key, &mut params);
     let sampled = sample(s, prompt_ids, n, params, seeded, top).await?;
     let offered = tools.is_some();
     let mut call_id = || s.next_id("call_");
@@ -168,7 +169,8 @@ pub(crate) async fn text(s: &Shared, body: &[u8], key: &str) -> Result<Response,
     }
     let mut jobs = vec![];
     for p in &prompts {
-        let (params, n, seeded) = sampling_params(&req.sampling, p.len(), context, s.tokenizer.stop_token_ids())?;
+        let (mut params, n, seeded) = sampling_params(&req.sampling, p.len(), context, s.tokenizer.stop_token_ids())?;
+        s.adjust(key, &mut params);
         jobs.push(sample(s, p.clone(), n, params, seeded, top));
     }
     // Submitted together, so the batcher can put them in one engine call.

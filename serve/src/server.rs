@@ -92,6 +92,13 @@ impl Shared {
         }
     }
 
+    /// The sessions' say over a request's sampling (training's temperature).
+    pub(crate) fn adjust(&self, key: &str, params: &mut rlmesh_model::SamplingParams) {
+        if let Auth::Sessions(sessions) = &self.config.auth {
+            sessions.adjust(key, params);
+        }
+    }
+
     /// 404 unless `model` names this endpoint's model (empty: the default).
     pub(crate) fn check_model(&self, model: &str) -> Result<(), ApiError> {
         if self.config.any_model || model.is_empty() || model == self.config.model_name || self.config.aliases.iter().any(|a| a == model) {

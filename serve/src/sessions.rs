@@ -43,6 +43,10 @@ pub trait Sessions: Send + Sync {
     fn check(&self, key: &str) -> Result<(), String>;
     /// Records a call made with `key`; an error (the session ended meanwhile) answers 401.
     fn record(&self, key: &str, call: CallRecord) -> Result<(), String>;
+    /// The session's say over a request's sampling (training samples at the
+    /// recipe's temperature, whatever the program asks: the learner's
+    /// importance ratio assumes it). Nothing by default.
+    fn adjust(&self, _key: &str, _params: &mut rlmesh_model::SamplingParams) {}
 }
 
 /// How callers prove who they are.

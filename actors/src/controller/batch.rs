@@ -219,7 +219,7 @@ mod tests {
     /// The reward actor's own scores of a group whose rollouts call `add(2, b)` with these `b`.
     fn scored(bs: &[i64]) -> ScoredGroup {
         let scorer = Scorer::new(&RewardSpec::rubric(RewardKind::Process, JudgeSpec::Rule)).unwrap();
-        scorer.score(Group { group_id: 7, task: task(), trajectories: bs.iter().enumerate().map(|(i, &b)| rollout(i, b)).collect() })
+        scorer.score(Group { group_id: 7, task: task(), trajectories: bs.iter().enumerate().map(|(i, &b)| rollout(i, b)).collect(), failed: None })
     }
 
     const ESTIMATORS: [Advantages; 4] = [

@@ -215,7 +215,7 @@ impl<'a> RlLoop<'a> {
                 Err(e) => self.lost(groups, e).await?,
             }
             if self.unscorable_run.0 >= UNSCORABLE_STEPS * self.cx.recipe.rl.groups_per_step.max(1) {
-                let why = format!("{} groups in a row were unscorable (the last: {})", self.unscorable_run.0, self.unscorable_run.1);
+                let why = format!("{} groups in a row were unscorable or their agent programs failed (the last: {})", self.unscorable_run.0, self.unscorable_run.1);
                 return self.stop_because(driver, status, &why).await;
             }
         }
@@ -309,6 +309,14 @@ impl<'a> RlLoop<'a> {
         let now = Instant::now();
         for g in scored {
             self.ledger.scored(g.group.group_id)?;
+            if let Some(why) = &g.group.failed {
+                // A failed agent program is never scored 0: dropped, counted, replaced.
+                self.cx.progress.line(format!("group {} (task {}) dropped as failed_agent: {why}", g.group.group_id, g.group.task.id));
+                self.ledger.dropped(g.group.group_id, "failed_agent")?;
+                self.cx.metrics.groups_dropped_total.with_label_values(&["failed_agent"]).inc();
+                self.unscorable_run = (self.unscorable_run.0 + 1, why.clone());
+                continue;
+            }
             if let Some(why) = &g.unscorable {
                 // Infrastructure failures never enter group statistics: dropped, counted, replaced.
                 self.cx.progress.line(format!("group {} dropped as unscorable: {why}", g.group.group_id));

@@ -274,6 +274,7 @@ impl Roles {
             system_prompt: None,
             tool_format: recipe.model.tool_format,
             keep_kv: true,
+            agent: recipe.agent.clone(),
         };
         let reward = RewardSpec::of(recipe, tokenizer_dir);
         Roles { sft, rollout, reward }

@@ -96,7 +96,8 @@ pub struct RewardSpec {
     /// `[reward_weights]`: the rubric's component weights and the functions' weights.
     #[serde(default)]
     pub weights: BTreeMap<String, f64>,
-    /// Tool servers whose reward tool is a reward function (`env:<name>`).
+    /// Grade sources that are reward functions: tool servers' reward tools
+    /// (`env:<name>`) and an agent program's own reward (`agent`).
     #[serde(default)]
     pub env_functions: Vec<String>,
     /// `[[reward_function]]`: external verifiers.
@@ -120,7 +121,7 @@ impl RewardSpec {
                 JudgeName::Model => JudgeSpec::Model { dir: recipe.judge_model.as_ref().map_or_else(|| model_dir.to_path_buf(), PathBuf::from) },
             },
             weights: recipe.reward_weights.clone(),
-            env_functions: env_sources(&recipe.tool_servers),
+            env_functions: env_sources(&recipe.tool_servers).into_iter().chain(recipe.agent.as_ref().map(|_| crate::rollout::agent_host::AGENT_FUNCTION.to_string())).collect(),
             verifiers: recipe.reward_functions.clone(),
         }
     }

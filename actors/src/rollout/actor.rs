@@ -11,6 +11,7 @@ use serde::{Deserialize, Serialize};
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
+use super::agent_host::{failed_trajectory, AgentHost};
 
 /// A request for groups of rollouts.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
@@ -97,12 +98,12 @@ pub struct RolloutArgs {
 
 /// What the device thread owns.
 pub struct RolloutDevice {
-    model: Transformer,
-    tokenizer: Tokenizer,
+    pub(super) model: Transformer,
+    pub(super) tokenizer: Tokenizer,
     registry: ToolRegistry,
     /// Keeps the MCP servers' processes alive as long as the actor.
     _servers: Vec<std::sync::Arc<rlmesh_mcp::McpServer>>,
-    version: u64,
+    pub(super) version: u64,
 }
 
 /// How a rollout answer begins when a tool server is past its restart budget
@@ -114,6 +115,8 @@ pub struct RolloutActor;
 
 /// State of a running rollout actor.
 pub struct RolloutState {
+    /// `[agent]`'s endpoint (declared first: dropped before the device thread it calls).
+    agent: Option<AgentHost>,
     device: DeviceThread<RolloutDevice>,
     args: RolloutArgs,
 }
@@ -142,7 +145,24 @@ impl Actor for RolloutActor {
             Ok(RolloutDevice { model, tokenizer, registry: opened.registry, _servers: opened.servers, version: 0 })
         })
         .await??;
-        Ok(RolloutState { device, args })
+        let agent = match args.config.agent.clone() {
+            None => None,
+            Some(spec) => {
+                let context = device.run(|d| usize::try_from(d.model.config.max_position_embeddings).unwrap_or(usize::MAX)).await?;
+                let tokenizer = Arc::new(Tokenizer::load(&args.model_dir).map_err(|e| e.to_string())?);
+                let host = AgentHost::start(device.jobs(), context, tokenizer, spec, format).await?;
+                eprintln!("[agent] {}: the policy's endpoint for agent programs is {}", args.label, host.base_url());
+                Some(host)
+            }
+        };
+        Ok(RolloutState { agent, device, args })
+    }
+
+    async fn post_stop(&self, _myself: ActorRef<Self::Msg>, state: &mut RolloutState) -> Result<(), ActorProcessingErr> {
+        if let Some(host) = state.agent.take() {
+            host.shutdown().await;
+        }
+        Ok(())
     }
 
     async fn handle(&self, _myself: ActorRef<Self::Msg>, msg: Self::Msg, state: &mut RolloutState) -> Result<(), ActorProcessingErr> {
@@ -159,6 +179,11 @@ impl Actor for RolloutActor {
                 }
                 if req.purpose == Purpose::EvalGreedy {
                     cfg.sampling.temperature = 0.0;
+                }
+                if let Some(host) = &state.agent {
+                    let out = agent_rollouts(host, &state.device, req, &cfg, metrics.as_ref(), actor).await;
+                    let _ = reply.send(out);
+                    return Ok(());
                 }
                 let out = state
                     .device
@@ -219,4 +244,28 @@ impl Actor for RolloutActor {
         }
         Ok(())
     }
+}
+
+/// A request's rollouts as agent programs' runs: each group's sessions, or
+/// (evaluation) a stand-in with no answer for a program that failed.
+async fn agent_rollouts(host: &AgentHost, device: &DeviceThread<RolloutDevice>, req: RolloutRequest, cfg: &super::RolloutConfig, metrics: Option<&crate::metrics::Metrics>, actor: String) -> Result<RolloutResult, String> {
+    let t = std::time::Instant::now();
+    let version = device.run(|d| d.version).await.map_err(|e| e.to_string())?;
+    let (mut groups, shapes) = host.rollouts(&req.groups, cfg.group_size, cfg.sampling.temperature, &actor).await;
+    if let Some(m) = metrics {
+        for s in shapes {
+            m.agent_sessions_total.with_label_values(&[s.label()]).inc();
+        }
+    }
+    if req.purpose != Purpose::Train {
+        // An evaluation scores every task: a failed program's rollout is unsolved.
+        let tokenizer = host.tokenizer();
+        for g in groups.iter_mut().filter(|g| g.trajectories.is_empty()) {
+            g.trajectories.push(failed_trajectory(&g.task, 0, tokenizer));
+            g.failed = None;
+        }
+    }
+    let generated_tokens = groups.iter().flat_map(|g| &g.trajectories).map(|t| t.policy_tokens()).sum();
+    let seconds = t.elapsed().as_secs_f64();
+    Ok(RolloutResult { groups, version, generated_tokens, seconds, tool_seconds: 0.0, actor, scored: None })
 }

@@ -74,6 +74,38 @@ pub enum AgentFailure {
     NotStarted(String),
 }
 
+/// `[agent]`: the program trained as it is, one process per rollout, in the
+/// recipe's directory unless `cwd` says otherwise.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct AgentSpec {
+    /// The program and its arguments, e.g. `["python3", "agent.py"]`.
+    pub command: Vec<String>,
+    /// Wall seconds a rollout's program may run (it and its children are then killed).
+    #[serde(default = "default_timeout_s")]
+    pub timeout_s: f64,
+    /// Its working directory (set to the recipe's directory when the recipe is read).
+    #[serde(default)]
+    pub cwd: Option<String>,
+}
+
+fn default_timeout_s() -> f64 {
+    120.0
+}
+
+impl AgentSpec {
+    /// Checks the command and the timeout; the error names the field.
+    pub fn validate(&self) -> Result<(), (&'static str, String)> {
+        if self.command.first().is_none_or(|p| p.trim().is_empty()) {
+            return Err(("command", "expected a program and its arguments, e.g. [\"python3\", \"agent.py\"]".into()));
+        }
+        if !(self.timeout_s.is_finite() && self.timeout_s > 0.0) {
+            return Err(("timeout_s", format!("must be a positive number of seconds, got {}", self.timeout_s)));
+        }
+        Ok(())
+    }
+}
+
 /// Whether each call's prompt extends the previous call's prompt and sampled ids.
 pub fn shape_of(calls: &[CallRecord]) -> SessionShape {
     let extends = calls.windows(2).all(|w| {
@@ -136,7 +168,7 @@ pub fn assemble(task: &Task, sample_index: usize, calls: &[CallRecord], tokenize
 }
 
 /// An empty trajectory holding only `prompt`.
-fn sequence(task: &Task, sample_index: usize, prompt: &[u32], tokenizer: &Tokenizer) -> Trajectory {
+pub(super) fn sequence(task: &Task, sample_index: usize, prompt: &[u32], tokenizer: &Tokenizer) -> Trajectory {
     Trajectory {
         task_id: task.id.clone(),
         sample_index,

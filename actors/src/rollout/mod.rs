@@ -43,6 +43,7 @@
 //! # }
 //! ```
 pub mod agent;
+pub mod agent_host;
 mod conversation;
 mod tool_loop;
 pub mod tools;
@@ -78,6 +79,9 @@ pub struct RolloutConfig {
     /// every turn prefills the whole conversation again (the per-turn path,
     /// kept to measure against).
     pub keep_kv: bool,
+    /// `[agent]`: rollouts are runs of this program against the policy's endpoint.
+    #[serde(default)]
+    pub agent: Option<agent::AgentSpec>,
 }
 
 impl Default for RolloutConfig {
@@ -90,6 +94,7 @@ impl Default for RolloutConfig {
             system_prompt: None,
             tool_format: Default::default(),
             keep_kv: true,
+            agent: None,
         }
     }
 }

@@ -340,3 +340,20 @@ pub fn assert_logged_once(run: &Path, steps: u64, rows_per_step: u64) {
     let rows = jsonl(&run.join("rollouts.jsonl")).len() as u64;
     assert_eq!(rows, steps * rows_per_step, "{}: one rollouts.jsonl row per trained rollout ({steps} steps × {rows_per_step})", run.display());
 }
+
+/// Calculator tasks in the task-file format (`answer`, `tools`), no gold calls.
+pub fn tasks_file(path: &Path, n: usize) {
+    use std::io::Write;
+    let mut f = std::fs::File::create(path).unwrap();
+    for i in 0..n {
+        let (a, b) = (3 + i * 7 % 50, 11 + i * 13 % 40);
+        writeln!(f, "{}", serde_json::json!({"id": format!("sum-{i}"), "prompt": format!("What is {a} plus {b}?"), "answer": (a + b).to_string(), "tools": ["calculator"]})).unwrap();
+    }
+}
+
+/// `launcher up` on the embedded topology with `recipe` written to `dir/recipe.toml`, evaluating 2 tasks.
+pub fn up_recipe(dir: &Path, recipe: &str, run: &Path) -> Output {
+    let path = dir.join("recipe.toml");
+    std::fs::write(&path, recipe).unwrap();
+    launcher(&["up", "deploy/local.toml", "--recipe", path.to_str().unwrap(), "--run-dir", run.to_str().unwrap(), "--metrics-addr", "127.0.0.1:0", "--eval-limit", "2"])
+}

@@ -122,6 +122,10 @@ pub struct Recipe {
     /// The RL loop.
     #[serde(default)]
     pub rl: Rl,
+    /// An agent program trained as it is (`[agent]`): each rollout runs it
+    /// against the policy's OpenAI-compatible endpoint.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub agent: Option<crate::rollout::agent::AgentSpec>,
 }
 
 /// The reward that scores rollouts.
@@ -212,6 +216,13 @@ impl Recipe {
         let dir = base.to_string_lossy().into_owned();
         for s in self.tool_servers.iter_mut().filter(|s| s.command.is_some() && s.cwd.is_none()) {
             s.cwd = Some(base.clone());
+        }
+        if let Some(a) = self.agent.as_mut() {
+            a.cwd = Some(match a.cwd.take() {
+                Some(c) if Path::new(&c).is_relative() => base.join(c).to_string_lossy().into_owned(),
+                Some(c) => c,
+                None => dir.clone(),
+            });
         }
         for v in self.reward_functions.iter_mut().filter(|v| v.command.is_some()) {
             v.cwd = Some(match v.cwd.take() {
@@ -325,13 +336,16 @@ impl Recipe {
         self.tasks.validate()?;
         tools::validate_servers(&self.tool_servers, &self.tools)?;
         self.tool_limits.validate()?;
-        rewards::validate(self.reward, &self.reward_weights, &self.tool_servers, &self.reward_functions)?;
+        rewards::validate(self.reward, &self.reward_weights, &self.tool_servers, self.agent.is_some(), &self.reward_functions)?;
         self.estimator.validate()?;
         self.sft.validate()?;
         if self.tasks.from_file() && self.sft.steps > 0 && self.sft.file.is_none() {
             return Err(Invalid::new("sft.file", "the expert warm-up writes conversations for generated tasks only: with [tasks] file, give the warm-up's conversations (sft.file = \"sft.jsonl\") or set sft.steps = 0"));
         }
         self.learner.validate()?;
+        if let Some(a) = &self.agent {
+            a.validate().map_err(|(field, why)| Invalid::new(format!("agent.{field}"), why))?;
+        }
         self.rl.validate()
     }
 

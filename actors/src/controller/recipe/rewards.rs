@@ -94,6 +94,15 @@ pub fn env_sources(servers: &[ServerSpec]) -> Vec<String> {
     servers.iter().filter(|s| s.reward_tool.is_some()).map(|s| s.name.clone()).collect()
 }
 
+/// The reward function of a grade source: `agent` for an agent program's own
+/// `reward` (`[agent]`), `env:<name>` for a tool server's reward tool.
+pub fn grade_function(source: &str) -> String {
+    match source {
+        crate::rollout::agent_host::AGENT_FUNCTION => source.to_string(),
+        s => format!("env:{s}"),
+    }
+}
+
 /// The run's reward functions, in the order their scores are combined:
 /// the rubric, the environments' rewards (of `env_sources`), the verifiers.
 pub fn reward_functions(kind: RewardKind, weights: &BTreeMap<String, f64>, env_sources: &[String], verifiers: &[RewardFunctionSpec]) -> Vec<RewardFunction> {
@@ -101,7 +110,7 @@ pub fn reward_functions(kind: RewardKind, weights: &BTreeMap<String, f64>, env_s
     let rubric = rubric_name(kind);
     let mut fs = vec![RewardFunction::new(rubric, weight(rubric))];
     for s in env_sources {
-        let name = format!("env:{s}");
+        let name = grade_function(s);
         fs.push(RewardFunction::new(name.clone(), weight(&name)));
     }
     fs.extend(verifiers.iter().map(|v| RewardFunction::new(format!("verifier:{}", v.name), v.weight)));
@@ -115,14 +124,17 @@ pub fn rubric_weights(weights: &BTreeMap<String, f64>) -> RubricWeights {
 
 /// Checks `[reward_weights]` keys against what the run has, and each
 /// `[[reward_function]]`; errors name the field.
-pub(super) fn validate(kind: RewardKind, weights: &BTreeMap<String, f64>, servers: &[ServerSpec], verifiers: &[RewardFunctionSpec]) -> Result<(), Invalid> {
+pub(super) fn validate(kind: RewardKind, weights: &BTreeMap<String, f64>, servers: &[ServerSpec], agent: bool, verifiers: &[RewardFunctionSpec]) -> Result<(), Invalid> {
     let components: &[&str] = match kind {
         RewardKind::Process => &PROCESS_COMPONENTS,
         RewardKind::FinalOnly => &FINAL_ONLY_COMPONENTS,
         RewardKind::Hierr => &[],
     };
     let rubric = rubric_name(kind);
-    let envs: Vec<String> = env_sources(servers).iter().map(|s| format!("env:{s}")).collect();
+    let mut envs: Vec<String> = env_sources(servers).iter().map(|s| format!("env:{s}")).collect();
+    if agent {
+        envs.push(crate::rollout::agent_host::AGENT_FUNCTION.to_string());
+    }
     for (k, w) in weights {
         let field = format!("reward_weights.{k}");
         if !w.is_finite() {

@@ -1,0 +1,82 @@
+//! `[agent]` through `launcher up`: each rollout runs a Python program on the
+//! stock `openai` client against its rollout actor's endpoint; the calls it
+//! made become the trajectories the learner trains. Programs that crash or
+//! hang are killed, counted and their groups dropped as `failed_agent`, never
+//! scored 0, with every group trained at most once.
+mod common;
+
+use common::*;
+
+const RL: &str = "[rl]\nsteps = 2\ngroup_size = 2\ngroups_per_step = 2\n";
+
+/// `examples/openai-agent/agent.py` as it is: two RL steps train on the
+/// sessions it made, and its rollouts reach the learner as one sequence each.
+#[test]
+fn the_example_agent_program_trains_two_rl_steps() {
+    let tmp = tempfile::tempdir().unwrap();
+    let d = tmp.path();
+    tasks_file(&d.join("tasks.jsonl"), 24);
+    let agent = repo().join("examples/openai-agent/agent.py");
+    let recipe = format!("reward = \"process\"\n[tasks]\nfile = \"tasks.jsonl\"\nheld_out = 2\n[agent]\ncommand = [\"python3\", {:?}]\ntimeout_s = 120\n{RL}", agent.display().to_string());
+    let run = d.join("run");
+    let o = up_recipe(d, &recipe, &run);
+    assert_eq!(code(&o), 0, "{}", stderr(&o));
+    assert!(stderr(&o).contains("the policy's endpoint for agent programs is http://127.0.0.1:"), "{}", stderr(&o));
+    let summary: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(run.join("summary.json")).unwrap()).unwrap();
+    assert_eq!(summary["steps"], 2);
+    assert_trained_once(&run);
+    // Each trained rollout is the program's calls: policy tokens, the tool results between them as environment tokens.
+    let rollouts = jsonl(&run.join("rollouts.jsonl"));
+    assert_eq!(rollouts.len(), 8, "2 steps of 2 groups of 2");
+    let trained = jsonl(&run.join("metrics.jsonl")).into_iter().filter(|r| r.get("reward_mean").is_some()).count();
+    assert_eq!(trained, 2);
+}
+
+const FLAKY_AGENT: &str = r#"
+import json, subprocess, sys, time
+from openai import OpenAI
+task = json.loads(sys.stdin.readline())
+kind = int(task["id"].split("-")[1]) % 5
+if kind == 0:
+    sys.exit(3)
+if kind == 1:
+    subprocess.Popen(["sleep", "301.25"])  # a child that must die with it
+    time.sleep(300)
+c = OpenAI(max_retries=0)
+r = c.chat.completions.create(model="gpt-4o", messages=[{"role": "user", "content": task["prompt"]}], max_tokens=6)
+print(json.dumps({"answer": r.choices[0].message.content, "reward": 0.25 * kind}))
+"#;
+
+/// Programs that exit non-zero or hang (with a child) on some tasks: killed at
+/// the timeout, their groups dropped as `failed_agent` and replaced, the run
+/// finishes with every group trained at most once; the programs' own
+/// `reward` is the reward function `agent`; no program or child outlives it.
+#[test]
+fn crashing_and_hanging_agents_are_dropped_as_failed_agent_and_the_run_finishes() {
+    let tmp = tempfile::tempdir().unwrap();
+    let d = tmp.path();
+    tasks_file(&d.join("tasks.jsonl"), 40);
+    std::fs::write(d.join("flaky.py"), FLAKY_AGENT).unwrap();
+    let recipe = format!("reward = \"process\"\n[tasks]\nfile = \"tasks.jsonl\"\nheld_out = 2\n[agent]\ncommand = [\"python3\", \"flaky.py\"]\ntimeout_s = 3\n[reward_weights]\nprocess = 0\n{RL}");
+    let run = d.join("run");
+    let o = up_recipe(d, &recipe, &run);
+    assert_eq!(code(&o), 0, "{}", stderr(&o));
+    let log = stderr(&o);
+    assert!(log.contains("dropped as failed_agent") && log.contains("exited with code 3") && log.contains("past its timeout of 3 s"), "{log}");
+    let summary: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(run.join("summary.json")).unwrap()).unwrap();
+    assert_eq!(summary["steps"], 2);
+    let dropped = summary["counters"]["groups_dropped"]["failed_agent"].as_u64().unwrap_or(0);
+    assert!(dropped > 0, "{}", summary["counters"]);
+    let (trained, _) = ledger_counts(&run);
+    assert!(trained.values().all(|&n| n == 1), "{trained:?}");
+    let failed: Vec<u64> = jsonl(&run.join("ledger.jsonl")).iter().filter(|e| e["event"] == "dropped" && e["reason"] == "failed_agent").map(|e| e["group"].as_u64().unwrap()).collect();
+    assert_eq!(failed.len() as u64, dropped);
+    assert!(failed.iter().all(|g| !trained.contains_key(g)));
+    // The trained steps' rewards are the programs' own (the rubric weighted 0): 0.5 or 0.75.
+    for row in jsonl(&run.join("metrics.jsonl")).iter().filter(|r| r.get("reward_mean").is_some()) {
+        let mean = row["reward_function/agent"].as_f64().unwrap_or(f64::NAN);
+        assert!((0.5..=0.75).contains(&mean), "{row}");
+    }
+    let left = std::process::Command::new("pgrep").args(["-f", "sleep 301.25"]).output().unwrap();
+    assert!(left.stdout.is_empty(), "a hanging program's child outlived the run: {}", String::from_utf8_lossy(&left.stdout));
+}
