@@ -92,7 +92,7 @@ fn a_reward_scorer_with_the_model_judge_scores_segments_and_counts_its_cost() {
         "gold_tool_calls": [[{"name": "calculator", "arguments": {"operation": "multiply", "a": 17, "b": 24}}]], "expected_answer": "408"
     }))
     .unwrap();
-    let group = rlmesh_core::Group { group_id: 1, task, trajectories: vec![trajectory("408", "The answer is 408."), trajectory("408", "No idea.")], failed: None };
+    let group = rlmesh_core::Group { group_id: 1, task, trajectories: vec![trajectory("408", "The answer is 408."), trajectory("408", "No idea.")], failed: None, earlier_segments: vec![] };
     let model = Scorer::new(&RewardSpec::rubric(RewardKind::Hierr, JudgeSpec::Model { dir: smollm2() })).unwrap();
     let scored = model.score(group.clone());
     // Both replies have a tool response and at least 10 characters except "No idea." (8): one judge call.

@@ -77,7 +77,7 @@ fn trajectory(answer: &str) -> Trajectory {
 
 fn group() -> Group {
     let task = serde_json::from_value(json!({"id": "t", "prompt": "Say 7.", "requires_tool": false, "expected_answer": "7", "allowed_tools": []})).unwrap();
-    Group { group_id: 1, task, trajectories: vec![trajectory("7"), trajectory("8")], failed: None }
+    Group { group_id: 1, task, trajectories: vec![trajectory("7"), trajectory("8")], failed: None, earlier_segments: vec![] }
 }
 
 fn scorer(kind: &str, weight: f64, timeout_s: f64) -> Scorer {

@@ -128,4 +128,9 @@ pub struct Group {
     /// replaced, never scored; `trajectories` then holds the ones that were.
     #[serde(default)]
     pub failed: Option<String>,
+    /// The earlier calls of rollouts whose agent program rewrote its history
+    /// (one segment per call; the last call is the rollout's trajectory):
+    /// each is trained with the advantage of the rollout of its `sample_index`.
+    #[serde(default)]
+    pub earlier_segments: Vec<Trajectory>,
 }

@@ -136,7 +136,7 @@ mod tests {
             stop_reason: StopReason::MaxTurns,
             grades: Vec::new(),
         };
-        Group { group_id: 3, task, trajectories: vec![traj], failed: None }
+        Group { group_id: 3, task, trajectories: vec![traj], failed: None, earlier_segments: vec![] }
     }
 
     #[test]

@@ -80,3 +80,53 @@ fn crashing_and_hanging_agents_are_dropped_as_failed_agent_and_the_run_finishes(
     let left = std::process::Command::new("pgrep").args(["-f", "sleep 301.25"]).output().unwrap();
     assert!(left.stdout.is_empty(), "a hanging program's child outlived the run: {}", String::from_utf8_lossy(&left.stdout));
 }
+
+const REWRITING_AGENT: &str = r#"
+import json, sys
+from openai import OpenAI
+task = json.loads(sys.stdin.readline())
+c = OpenAI(max_retries=0)
+first = c.chat.completions.create(model="m", messages=[{"role": "user", "content": task["prompt"]}], max_tokens=6)
+# A harness that starts each call afresh instead of keeping the history.
+second = c.chat.completions.create(model="m", messages=[{"role": "user", "content": "Say the answer to: " + task["prompt"]}], max_tokens=6)
+print(json.dumps({"answer": second.choices[0].message.content, "reward": len(first.choices[0].message.content or "") % 3 / 2}))
+"#;
+
+/// A program whose second call does not extend its first (it rewrote the
+/// history): each call is a segment, the last one is the rollout that is
+/// scored, and the learner trains both with the rollout's advantage.
+#[test]
+fn a_history_rewriting_program_trains_one_segment_per_call_with_its_rollouts_advantage() {
+    let tmp = tempfile::tempdir().unwrap();
+    let d = tmp.path();
+    tasks_file(&d.join("tasks.jsonl"), 24);
+    std::fs::write(d.join("rewrite.py"), REWRITING_AGENT).unwrap();
+    let recipe = format!("reward = \"process\"\n[tasks]\nfile = \"tasks.jsonl\"\nheld_out = 2\n[agent]\ncommand = [\"python3\", \"rewrite.py\"]\n[reward_weights]\nprocess = 0\n{RL}");
+    let path = d.join("recipe.toml");
+    std::fs::write(&path, recipe).unwrap();
+    let run = d.join("run");
+    let args = ["up", "deploy/local.toml", "--recipe", path.to_str().unwrap(), "--run-dir", run.to_str().unwrap(), "--metrics-addr", "127.0.0.1:0", "--eval-limit", "2", "--record-batches"];
+    let o = launcher(&args);
+    assert_eq!(code(&o), 0, "{}", stderr(&o));
+    assert_trained_once(&run);
+    let mut segments = 0;
+    for step in jsonl(&run.join("batches.jsonl")) {
+        let seqs = step["sequences"].as_array().unwrap();
+        // Per rollout: its scored last call, then its earlier call.
+        let mut by_rollout: std::collections::BTreeMap<(u64, u64), Vec<f64>> = Default::default();
+        for s in seqs {
+            let mask = s["loss_mask"].as_array().unwrap();
+            let adv = s["advantages"].as_array().unwrap();
+            let trained: Vec<f64> = mask.iter().zip(adv).filter(|(m, _)| m.as_u64() == Some(1)).map(|(_, a)| a.as_f64().unwrap()).collect();
+            assert!(!trained.is_empty() && trained.iter().all(|&a| a == trained[0]), "one advantage per sequence: {trained:?}");
+            by_rollout.entry((s["group"].as_u64().unwrap(), s["sample"].as_u64().unwrap())).or_default().push(trained[0]);
+        }
+        assert_eq!(by_rollout.len(), 4, "2 groups of 2 rollouts");
+        for (rollout, advantages) in by_rollout {
+            assert_eq!(advantages.len(), 2, "{rollout:?}: two calls, two segments");
+            assert_eq!(advantages[0], advantages[1], "{rollout:?}: the earlier segment has its rollout's advantage");
+            segments += 1;
+        }
+    }
+    assert_eq!(segments, 8, "2 steps of 4 rollouts");
+}

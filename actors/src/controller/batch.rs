@@ -92,7 +92,16 @@ fn sequence(t: &rlmesh_core::Trajectory, advantages: Vec<f32>) -> TrainSequence 
     }
 }
 
-/// The learner's batch for `groups` (trajectories in group order, `group_sizes` set).
+impl Advantages {
+    /// Whether it trains an agent's earlier segments (one advantage per
+    /// rollout: GRPO and RLOO); the others score steps within one sequence.
+    pub fn takes_segments(&self) -> bool {
+        matches!(self, Advantages::Grpo(_) | Advantages::Rloo)
+    }
+}
+
+/// The learner's batch for `groups` (trajectories in group order, then each
+/// group's earlier agent segments; `group_sizes` set).
 ///
 /// Errors only when a trajectory's step rewards do not match the turns in its
 /// loss mask, which the reward actor never produces.
@@ -106,8 +115,13 @@ pub fn train_batch(groups: &[ScoredGroup], how: &Advantages) -> Result<TrainBatc
                 _ => rloo_advantages(&totals()),
             };
             for (g, a) in groups.iter().zip(adv) {
-                for (t, a) in g.group.trajectories.iter().zip(a) {
+                for (t, &a) in g.group.trajectories.iter().zip(&a) {
                     sequences.push(sequence(t, broadcast(&t.loss_mask, a)));
+                }
+                // An agent's earlier segments, each with its rollout's advantage.
+                for s in &g.group.earlier_segments {
+                    let a = g.group.trajectories.iter().zip(&a).find(|(t, _)| t.sample_index == s.sample_index).map_or(0.0, |(_, &a)| a);
+                    sequences.push(sequence(s, broadcast(&s.loss_mask, a)));
                 }
             }
         }
@@ -151,8 +165,9 @@ pub fn train_batch(groups: &[ScoredGroup], how: &Advantages) -> Result<TrainBatc
             }
         }
     }
-    // Every estimator gives one sequence per trajectory, group by group.
-    let group_sizes: Vec<usize> = groups.iter().map(|g| g.group.trajectories.len().min(g.scores.len())).collect();
+    // Every estimator gives one sequence per trajectory, group by group (then
+    // the group's earlier segments: only sequence-level estimators get any).
+    let group_sizes: Vec<usize> = groups.iter().map(|g| g.group.trajectories.len().min(g.scores.len()) + g.group.earlier_segments.len()).collect();
     debug_assert_eq!(group_sizes.iter().sum::<usize>(), sequences.len());
     Ok(TrainBatch { sequences, group_sizes })
 }
@@ -219,7 +234,7 @@ mod tests {
     /// The reward actor's own scores of a group whose rollouts call `add(2, b)` with these `b`.
     fn scored(bs: &[i64]) -> ScoredGroup {
         let scorer = Scorer::new(&RewardSpec::rubric(RewardKind::Process, JudgeSpec::Rule)).unwrap();
-        scorer.score(Group { group_id: 7, task: task(), trajectories: bs.iter().enumerate().map(|(i, &b)| rollout(i, b)).collect(), failed: None })
+        scorer.score(Group { group_id: 7, task: task(), trajectories: bs.iter().enumerate().map(|(i, &b)| rollout(i, b)).collect(), failed: None, earlier_segments: vec![] })
     }
 
     const ESTIMATORS: [Advantages; 4] = [

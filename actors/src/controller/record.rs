@@ -66,7 +66,7 @@ pub(super) fn warmed_up_line(greedy: &Value, sampled: &Value) -> String {
 /// sequence's loss mask and the per-token advantages (or, for `steptool`, the
 /// per-token rewards) the learner was sent.
 pub(super) fn batch_record(step: u64, groups: &[ScoredGroup], batch: &TrainBatch) -> Value {
-    let ids = groups.iter().flat_map(|g| g.group.trajectories.iter().map(move |t| (g.group.group_id, t.sample_index)));
+    let ids = groups.iter().flat_map(|g| g.group.trajectories.iter().chain(&g.group.earlier_segments).map(move |t| (g.group.group_id, t.sample_index)));
     let sequences: Vec<Value> = ids
         .zip(&batch.sequences)
         .map(|((group, sample), s)| json!({"group": group, "sample": sample, "loss_mask": s.loss_mask, "advantages": s.advantages, "rewards": s.rewards}))

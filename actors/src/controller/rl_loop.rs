@@ -309,12 +309,16 @@ impl<'a> RlLoop<'a> {
         let now = Instant::now();
         for g in scored {
             self.ledger.scored(g.group.group_id)?;
-            if let Some(why) = &g.group.failed {
+            let segments_untrainable = !g.group.earlier_segments.is_empty() && !self.estimator.takes_segments();
+            let failed = g.group.failed.clone().or_else(|| {
+                segments_untrainable.then(|| "its program rewrote its history (segments), which only grpo, dr_grpo and rloo train".to_string())
+            });
+            if let Some(why) = failed {
                 // A failed agent program is never scored 0: dropped, counted, replaced.
                 self.cx.progress.line(format!("group {} (task {}) dropped as failed_agent: {why}", g.group.group_id, g.group.task.id));
                 self.ledger.dropped(g.group.group_id, "failed_agent")?;
                 self.cx.metrics.groups_dropped_total.with_label_values(&["failed_agent"]).inc();
-                self.unscorable_run = (self.unscorable_run.0 + 1, why.clone());
+                self.unscorable_run = (self.unscorable_run.0 + 1, why);
                 continue;
             }
             if let Some(why) = &g.unscorable {

@@ -121,25 +121,23 @@ impl AgentHost {
         }
         done.sort_by_key(|(gi, si, _)| (*gi, *si));
         let mut shapes = Vec::new();
-        let mut out: Vec<Group> = groups.iter().map(|(gid, task)| Group { group_id: *gid, task: task.clone(), trajectories: vec![], failed: None }).collect();
+        let mut out: Vec<Group> = groups.iter().map(|(gid, task)| Group { group_id: *gid, task: task.clone(), trajectories: vec![], failed: None, earlier_segments: vec![] }).collect();
         for (gi, si, outcome) in done {
             let g = &mut out[gi];
             match outcome {
-                Ok((session, _, _)) if session.shape == SessionShape::Segments => {
-                    shapes.push(SessionShape::Segments);
-                    g.failed.get_or_insert(format!("rollout {si}: the program rewrote its history (segments), which training does not take yet"));
-                }
                 Ok((session, reward, answer)) => {
                     shapes.push(session.shape);
-                    let grade = reward.map_or(Score::NotApplicable, Score::Value);
-                    g.trajectories.extend(session.trajectories.into_iter().map(|mut t| {
-                        t.steps = steps_of(&t.messages);
-                        if let Some(a) = &answer {
-                            t.final_answer = a.clone();
-                        }
-                        t.grades.push((AGENT_FUNCTION.to_string(), grade.clone()));
-                        t
-                    }));
+                    // The last call holds the final conversation: it is the rollout
+                    // that is scored; earlier segments take its advantage.
+                    let mut calls = session.trajectories;
+                    let Some(mut t) = calls.pop() else { continue };
+                    t.steps = steps_of(&t.messages);
+                    if let Some(a) = &answer {
+                        t.final_answer = a.clone();
+                    }
+                    t.grades.push((AGENT_FUNCTION.to_string(), reward.map_or(Score::NotApplicable, Score::Value)));
+                    g.trajectories.push(t);
+                    g.earlier_segments.extend(calls);
                 }
                 Err(e) => {
                     g.failed.get_or_insert(format!("rollout {si}: {e}"));

@@ -47,7 +47,7 @@ pub fn rollout_groups_timed(
     let mut trajectories = rollouts(model, tokenizer, registry, &all, cfg, version, seed, &mut timing)?.into_iter();
     let groups = tasks
         .iter()
-        .map(|(group_id, task)| Group { group_id: *group_id, task: task.clone(), trajectories: trajectories.by_ref().take(cfg.group_size).collect(), failed: None })
+        .map(|(group_id, task)| Group { group_id: *group_id, task: task.clone(), trajectories: trajectories.by_ref().take(cfg.group_size).collect(), failed: None, earlier_segments: vec![] })
         .collect();
     Ok((groups, timing))
 }

@@ -299,7 +299,7 @@ fn reward_with_recipe(input: &Path, file: &Path) -> CliResult {
         let field = |name: &str| v.get(name).cloned().ok_or_else(|| CliError::usage(anyhow::anyhow!("{}: field \"{name}\" is missing (lines are {{\"task\", \"trajectory\"}}, as RUN_DIR/scored.jsonl holds them)", at())));
         let task: rlmesh_core::Task = serde_json::from_value(field("task")?).usage(format!("{}: field \"task\"", at()))?;
         let trajectory: rlmesh_core::Trajectory = serde_json::from_value(field("trajectory")?).usage(format!("{}: field \"trajectory\"", at()))?;
-        let scored = scorer.score(rlmesh_core::Group { group_id: 0, task, trajectories: vec![trajectory], failed: None });
+        let scored = scorer.score(rlmesh_core::Group { group_id: 0, task, trajectories: vec![trajectory], failed: None, earlier_segments: vec![] });
         let s = &scored.scores[0];
         let functions: serde_json::Map<String, Value> = s.functions.iter().map(|(n, v)| (n.clone(), json!(v))).collect();
         let components: serde_json::Map<String, Value> = s.components.iter().map(|(n, v)| (n.clone(), json!(v))).collect();
