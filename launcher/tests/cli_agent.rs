@@ -130,3 +130,27 @@ fn a_history_rewriting_program_trains_one_segment_per_call_with_its_rollouts_adv
     }
     assert_eq!(segments, 8, "2 steps of 4 rollouts");
 }
+
+/// As `local-procs`: each rollout process serves its own endpoint and runs
+/// the programs of the requests it gets; both work, and the ledger holds.
+#[test]
+fn agent_programs_run_against_each_rollout_process_of_local_procs() {
+    let tmp = tempfile::tempdir().unwrap();
+    let d = tmp.path();
+    tasks_file(&d.join("tasks.jsonl"), 24);
+    let agent = repo().join("examples/openai-agent/agent.py");
+    std::fs::write(d.join("recipe.toml"), format!("reward = \"process\"\n[tasks]\nfile = \"tasks.jsonl\"\nheld_out = 2\n[agent]\ncommand = [\"python3\", {:?}]\n{RL}", agent.display().to_string())).unwrap();
+    let topo = shipped_on_free_ports("local-procs", d);
+    let run = d.join("run");
+    let o = launcher(&["up", topo.to_str().unwrap(), "--recipe", d.join("recipe.toml").to_str().unwrap(), "--run-dir", run.to_str().unwrap(), "--metrics-addr", "127.0.0.1:0", "--eval-limit", "2"]);
+    assert_eq!(code(&o), 0, "{}", stderr(&o));
+    for i in 0..2 {
+        let log = std::fs::read_to_string(run.join(format!("logs/local_rollout-{i}.log"))).unwrap();
+        assert!(log.contains("the policy's endpoint for agent programs is http://127.0.0.1:"), "rollout-{i} serves its own endpoint: {log}");
+    }
+    let summary: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(run.join("summary.json")).unwrap()).unwrap();
+    assert_eq!(summary["steps"], 2);
+    let generated = summary["counters"]["generated_tokens"].as_object().unwrap();
+    assert!(generated.len() == 2 && generated.values().all(|v| v.as_u64().unwrap() > 0), "both rollout processes served programs: {generated:?}");
+    assert_trained_once(&run);
+}
