@@ -72,10 +72,12 @@ fn crashing_and_hanging_agents_are_dropped_as_failed_agent_and_the_run_finishes(
     let failed: Vec<u64> = jsonl(&run.join("ledger.jsonl")).iter().filter(|e| e["event"] == "dropped" && e["reason"] == "failed_agent").map(|e| e["group"].as_u64().unwrap()).collect();
     assert_eq!(failed.len() as u64, dropped);
     assert!(failed.iter().all(|g| !trained.contains_key(g)));
-    // The trained steps' rewards are the programs' own (the rubric weighted 0): 0.5 or 0.75.
+    // The trained steps' rewards are the programs' own (the rubric weighted 0):
+    // 0.5, 0.75 or 1.0 (the failing kinds 0 and 1 never reach a step).
     for row in jsonl(&run.join("metrics.jsonl")).iter().filter(|r| r.get("reward_mean").is_some()) {
         let mean = row["reward_function/agent"].as_f64().unwrap_or(f64::NAN);
-        assert!((0.5..=0.75).contains(&mean), "{row}");
+        assert!((0.5..=1.0).contains(&mean), "{row}");
+        assert_eq!(row["reward_mean"], row["reward_function/agent"], "{row}");
     }
     let left = std::process::Command::new("pgrep").args(["-f", "sleep 301.25"]).output().unwrap();
     assert!(left.stdout.is_empty(), "a hanging program's child outlived the run: {}", String::from_utf8_lossy(&left.stdout));
