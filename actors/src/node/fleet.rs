@@ -478,7 +478,9 @@ impl Drop for Fleet {
         // A learner rank that exited may have failed the run (its peers' collective
         // broke as its sockets closed) before the keeper's poll saw it, or before it
         // finished exiting: it is a lost rank all the same, so the run starts again
-        // from its checkpoint rather than ending. Its exit is awaited for up to 1 s.
+        // from its checkpoint rather than ending. Its exit is awaited for up to
+        // 5 s (a rank leaving a broken group replies, waits 200 ms and exits:
+        // on a loaded 2-core machine that took over the 1 s waited before).
         let t0 = Instant::now();
         loop {
             let exited: Vec<(String, String)> = self
@@ -498,7 +500,7 @@ impl Drop for Fleet {
                 self.core.lose(name, why, true);
             }
             let learners = self.core.members.lock().expect("members lock").iter().any(|m| has(&m.planned, Role::Learner) && m.process.is_some());
-            if lost || !exited.is_empty() || !learners || t0.elapsed() > Duration::from_secs(1) {
+            if lost || !exited.is_empty() || !learners || t0.elapsed() > Duration::from_secs(5) {
                 break;
             }
             std::thread::sleep(Duration::from_millis(20));
